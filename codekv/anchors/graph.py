@@ -1,0 +1,157 @@
+"""The def-use graph: each reference linked to the chunk that defines it.
+
+Resolution order for a name used in a file: a definition in the same file, then one in a
+module the file imports (by name or alias, or a wildcard import), then the single definition
+of that name in the whole repository. A name with several candidates at the deciding step is
+recorded as ambiguous, never guessed; a name defined nowhere (builtins, libraries) is left out.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+
+
+@dataclass(frozen=True)
+class Use:
+    """A reference in ``source`` (a chunk id) resolved to the chunk ``target`` that defines it."""
+
+    source: str
+    target: str
+    name: str
+    kind: str
+    start_byte: int
+    end_byte: int
+
+
+@dataclass
+class DefUseGraph:
+    graph: nx.DiGraph  # chunk id -> chunk id, edge attribute "names"
+    uses: list[Use] = field(default_factory=list)
+    ambiguous: dict[str, set[str]] = field(default_factory=dict)  # chunk id -> names
+
+    def depends_on(self, chunk_id: str) -> list[str]:
+        """Chunks defining what ``chunk_id`` uses."""
+        if chunk_id not in self.graph:
+            return []
+        return sorted(self.graph.successors(chunk_id))
+
+    def used_by(self, chunk_id: str) -> list[str]:
+        """Chunks using what ``chunk_id`` defines."""
+        if chunk_id not in self.graph:
+            return []
+        return sorted(self.graph.predecessors(chunk_id))
+
+    def uses_in(self, chunk_id: str) -> list[Use]:
+        return [use for use in self.uses if use.source == chunk_id]
+
+
+def build_graph(files: dict) -> DefUseGraph:
+    """Link references to definitions across the files of one snapshot.
+
+    ``files`` maps each path to its blob's analysis or stored symbols: anything with
+    ``language``, ``definitions``, ``references``, ``imports`` and ``chunk_ids``.
+    """
+    definitions: dict[str, dict[str, set[str]]] = {}  # path -> name -> chunk ids
+    everywhere: dict[str, set[str]] = defaultdict(set)  # name -> chunk ids
+    graph = nx.DiGraph()
+    for path, analysis in files.items():
+        by_name: dict[str, set[str]] = defaultdict(set)
+        for definition in analysis.definitions:
+            by_name[definition.name].add(definition.chunk_id)
+            everywhere[definition.name].add(definition.chunk_id)
+        definitions[path] = by_name
+        for chunk_id in analysis.chunk_ids:
+            graph.add_node(chunk_id, path=path)
+    modules = ModuleResolver(files)
+    result = DefUseGraph(graph)
+    for path, analysis in files.items():
+        local = definitions[path]
+        imported = _imported_names(path, analysis, modules, definitions)
+        for ref in analysis.references:
+            targets = _resolve(ref.name, local, imported, everywhere)
+            if targets is None:
+                continue
+            if len(targets) > 1:
+                result.ambiguous.setdefault(ref.chunk_id, set()).add(ref.name)
+                continue
+            (target,) = targets
+            if target == ref.chunk_id:
+                continue
+            result.uses.append(
+                Use(ref.chunk_id, target, ref.name, ref.kind, ref.start_byte, ref.end_byte)
+            )
+            if graph.has_edge(ref.chunk_id, target):
+                graph.edges[ref.chunk_id, target]["names"].add(ref.name)
+            else:
+                graph.add_edge(ref.chunk_id, target, names={ref.name})
+    return result
+
+
+def _resolve(name, local, imported, everywhere) -> set[str] | None:
+    for scope in (local, imported, everywhere):
+        targets = scope.get(name)
+        if targets:
+            return targets
+    return None
+
+
+def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]:
+    """Names a file imports, mapped to the chunks defining them in the imported files."""
+    names: dict[str, set[str]] = defaultdict(set)
+    for imp in analysis.imports:
+        if imp.name is None:
+            continue
+        for target_path in modules.resolve(path, analysis.language, imp.module):
+            target_defs = definitions.get(target_path, {})
+            if imp.name == "*":
+                for name, chunk_ids in target_defs.items():
+                    names[name] |= chunk_ids
+            elif imp.name in target_defs:
+                names[imp.alias or imp.name] |= target_defs[imp.name]
+    return names
+
+
+class ModuleResolver:
+    """Maps an import's module string to repository files, per language, by path suffix."""
+
+    def __init__(self, files: dict):
+        self.paths = set(files)
+        self.by_suffix: dict[str, list[str]] = defaultdict(list)
+        for path in files:
+            parts = path.split("/")
+            for index in range(len(parts)):
+                self.by_suffix["/".join(parts[index:])].append(path)
+
+    def resolve(self, importer: str, language: str, module: str) -> list[str]:
+        if not module:
+            return []
+        resolver = getattr(self, f"_{language}", None)
+        return resolver(importer, module) if resolver else []
+
+    def _suffix(self, *candidates: str) -> list[str]:
+        for candidate in candidates:
+            found = self.by_suffix.get(candidate)
+            if found:
+                return found
+        return []
+
+    def _exact(self, *candidates: str) -> list[str]:
+        return [c for c in candidates if c in self.paths][:1]
+
+    def _python(self, importer: str, module: str) -> list[str]:
+        module = module.replace(" ", "")
+        if module.startswith("."):
+            dots = len(module) - len(module.lstrip("."))
+            base = posixpath.dirname(importer)
+            for _ in range(dots - 1):
+                base = posixpath.dirname(base)
+            rest = module[dots:].replace(".", "/")
+            stem = posixpath.join(base, rest) if rest else base
+            return self._exact(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")
+        stem = module.replace(".", "/")
+        return self._suffix(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")

@@ -1,0 +1,171 @@
+"""The files of a git repository as codekv sees them: HEAD's tree plus the working tree's
+modified and untracked files, each with the blob hash git would give it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import pygit2
+
+from codekv import grammars
+
+MAX_FILE_BYTES = 1 << 20
+
+# Secret-looking files are never indexed unless asked: their KV would encode the secret.
+SECRET_PATTERNS = (
+    ".env",
+    ".env.*",
+    "*.env",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.keystore",
+    "*.jks",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".netrc",
+    ".pgpass",
+    ".npmrc",
+    ".pypirc",
+    "credentials",
+    "credentials.json",
+    "secrets.json",
+    "secrets.yaml",
+    "secrets.yml",
+    "secrets.toml",
+    "*.secret",
+    "*.secrets",
+)
+
+
+class NotARepositoryError(Exception):
+    """The path is not inside a git repository."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str  # repository-relative, POSIX separators
+    blob_hash: str
+    language: str  # a grammar name, or "text"
+    origin: str  # "head" or "worktree"
+
+
+@dataclass
+class Snapshot:
+    root: Path
+    files: list[SourceFile] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)  # reason -> count
+    skipped_paths: dict[str, str] = field(default_factory=dict)  # path -> reason
+
+
+def is_secret(path: str) -> bool:
+    name = PurePosixPath(path).name
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_PATTERNS)
+
+
+def open_repository(path: str | Path) -> pygit2.Repository:
+    found = pygit2.discover_repository(str(path))
+    if found is None:
+        raise NotARepositoryError(f"{path} is not inside a git repository")
+    repo = pygit2.Repository(found)
+    if repo.is_bare:
+        raise NotARepositoryError(f"{path} is a bare repository: codekv indexes a working tree")
+    return repo
+
+
+def language_of(path: str) -> str:
+    spec = grammars.language_for_path(path)
+    return spec.name if spec is not None else "text"
+
+
+def scan(
+    repo: pygit2.Repository, include_secrets: bool = False, include_ignored: bool = False
+) -> Snapshot:
+    """List the files to index with their blob hashes; nothing is read but headers and status."""
+    root = Path(repo.workdir)
+    snapshot = Snapshot(root)
+    entries: dict[str, tuple[str, str]] = {}  # path -> (blob hash, origin)
+    if not repo.head_is_unborn:
+        tree = repo.head.peel(pygit2.Commit).tree
+        _walk(tree, "", entries)
+    # Status lists only paths that differ from HEAD somewhere: hash what is on disk now.
+    for path, flag in repo.status(untracked_files="all", ignored=True).items():
+        if flag & pygit2.GIT_STATUS_IGNORED and not include_ignored:
+            _skip(snapshot, path.rstrip("/"), "ignored")
+            continue
+        for file_path in _expand(root, path):
+            full = root / file_path
+            if full.is_symlink() or not full.is_file():
+                entries.pop(file_path, None)
+            else:
+                entries[file_path] = (str(pygit2.hashfile(str(full))), "worktree")
+    for path in sorted(entries):
+        blob_hash, origin = entries[path]
+        if not include_secrets and is_secret(path):
+            _skip(snapshot, path, "secret")
+            continue
+        snapshot.files.append(SourceFile(path, blob_hash, language_of(path), origin))
+    return snapshot
+
+
+def _expand(root: Path, path: str) -> list[str]:
+    """Status names an ignored directory as ``dir/``: list its files."""
+    if not path.endswith("/"):
+        return [path]
+    return sorted(
+        p.relative_to(root).as_posix() for p in (root / path).rglob("*") if p.is_file()
+    )
+
+
+def _walk(tree: pygit2.Tree, prefix: str, entries: dict) -> None:
+    for entry in tree:
+        path = prefix + entry.name
+        if entry.type == pygit2.GIT_OBJECT_TREE:
+            _walk(entry, path + "/", entries)
+        elif entry.type == pygit2.GIT_OBJECT_BLOB and entry.filemode != pygit2.GIT_FILEMODE_LINK:
+            entries[path] = (str(entry.id), "head")
+        # Submodules (commits) and symlinks are not files of this repository.
+
+
+def _skip(snapshot: Snapshot, path: str, reason: str) -> None:
+    snapshot.skipped[reason] += 1
+    snapshot.skipped_paths[path] = reason
+
+
+class BlobReader:
+    """Reads file contents by blob hash: from the object database, else the working tree."""
+
+    def __init__(self, repo_path: str):
+        self.repo = pygit2.Repository(repo_path)
+        self.root = Path(self.repo.workdir)
+
+    def read(self, file: SourceFile) -> bytes:
+        if file.origin == "worktree":
+            data = (self.root / file.path).read_bytes()
+            if str(pygit2.hash(data)) != file.blob_hash:
+                raise MissingBlobError(f"{file.path} changed while indexing")
+            return data
+        try:
+            return self.repo[file.blob_hash].data
+        except KeyError:
+            raise MissingBlobError(f"blob {file.blob_hash} of {file.path} is missing") from None
+
+
+class MissingBlobError(Exception):
+    """A blob named by the tree is not in the object database (a shallow or damaged clone)."""
+
+
+def skip_reason(data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -> str | None:
+    """Why a file's contents are not indexed, or None to index it."""
+    if len(data) > max_file_bytes:
+        return "too-large"
+    if b"\0" in data[:8192]:
+        return "binary"
+    return None

@@ -1,0 +1,245 @@
+"""Language registry: which files are which language, and their compiled tree-sitter queries.
+
+Each language has one query file, ``queries/<name>.scm``, using these captures:
+
+``@definition.<kind>`` + ``@name``
+    a definition (function, method, class, interface, type, constant, module).
+``@call`` + ``@name``
+    a call site; ``@name`` is the callee's identifier. Also a reference.
+``@reference.<kind>`` + ``@name``
+    any other reference worth resolving (a base class, a type, a decorator).
+``@branch``, ``@return``
+    control flow: if/else/loops/try/match/switch/ternary; return/yield/raise/throw.
+``@assign`` + ``@name``
+    an assignment and each of its target identifiers.
+``@import`` + ``@module`` [+ ``@name`` [+ ``@alias``]]
+    one match per imported name.
+
+Queries are compiled once per language per process (compiling the TypeScript query takes tens
+of milliseconds, which per file would dominate indexing).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import PurePosixPath
+from typing import Callable
+
+from tree_sitter import Language, Parser, Query
+
+
+@dataclass(frozen=True)
+class LanguageSpec:
+    """What the chunker and the anchor extractor need to know about one language."""
+
+    name: str
+    extensions: tuple[str, ...]
+    load: Callable[[], object]
+    # Node types that are chunk units of their own (functions, methods).
+    function_types: frozenset[str]
+    # Node types that hold members and may be split into their members (classes, impls).
+    class_types: frozenset[str]
+    # Wrapper node types whose inner definition decides the chunk (decorators, export).
+    wrapper_types: frozenset[str] = frozenset()
+    # Container node types that are transparent for chunking (namespaces, modules).
+    namespace_types: frozenset[str] = frozenset()
+    # Field holding a class/namespace's member list, and a function's statement block.
+    body_field: str = "body"
+    comment_types: frozenset[str] = frozenset({"comment"})
+    # How to read a definition's name when the ``name`` field does not hold it.
+    name_of: Callable[[object], str | None] | None = field(default=None, compare=False)
+    # Query files compiled together (TSX reuses TypeScript's); default: the language's own.
+    query_files: tuple[str, ...] = ()
+
+
+def _node_name(node) -> str | None:
+    name = node.child_by_field_name("name")
+    if name is None:
+        return None
+    return name.text.decode("utf-8", "replace")
+
+
+def _loader(module: str, function: str = "language"):
+    def load():
+        import importlib
+
+        return getattr(importlib.import_module(module), function)()
+
+    return load
+
+
+def _go_name(node) -> str | None:
+    """Go methods are qualified by their receiver type: ``(s *Server) Serve`` -> ``Server``."""
+    if node.type == "type_declaration":
+        spec = next((c for c in node.named_children if c.type in ("type_spec", "type_alias")), None)
+        return _node_name(spec) if spec is not None else None
+    return _node_name(node)
+
+
+def _c_name(node) -> str | None:
+    """C/C++ functions keep their name inside nested declarators."""
+    declarator = node.child_by_field_name("declarator")
+    while declarator is not None:
+        if declarator.type in ("identifier", "field_identifier", "qualified_identifier",
+                               "destructor_name", "operator_name", "type_identifier"):
+            return declarator.text.decode("utf-8", "replace")
+        declarator = declarator.child_by_field_name("declarator") or next(
+            (c for c in declarator.named_children
+             if c.type.endswith(("declarator", "identifier", "_name"))), None
+        )
+    return _node_name(node)
+
+
+def _rust_name(node) -> str | None:
+    if node.type == "impl_item":
+        target = node.child_by_field_name("type")
+        return target.text.decode("utf-8", "replace") if target is not None else None
+    return _node_name(node)
+
+
+PYTHON = LanguageSpec(
+    name="python",
+    extensions=(".py", ".pyi"),
+    load=_loader("tree_sitter_python"),
+    function_types=frozenset({"function_definition"}),
+    class_types=frozenset({"class_definition"}),
+    wrapper_types=frozenset({"decorated_definition"}),
+)
+
+_JS_FUNCTIONS = frozenset({
+    "function_declaration", "generator_function_declaration", "method_definition",
+})
+_JS_CLASSES = frozenset({"class_declaration"})
+
+JAVASCRIPT = LanguageSpec(
+    name="javascript",
+    extensions=(".js", ".mjs", ".cjs", ".jsx"),
+    load=_loader("tree_sitter_javascript"),
+    function_types=_JS_FUNCTIONS,
+    class_types=_JS_CLASSES,
+    wrapper_types=frozenset({"export_statement"}),
+)
+
+TYPESCRIPT = LanguageSpec(
+    name="typescript",
+    extensions=(".ts", ".mts", ".cts"),
+    load=_loader("tree_sitter_typescript", "language_typescript"),
+    function_types=_JS_FUNCTIONS | {"function_signature", "method_signature"},
+    class_types=_JS_CLASSES | {"abstract_class_declaration", "interface_declaration",
+                               "enum_declaration"},
+    wrapper_types=frozenset({"export_statement"}),
+    namespace_types=frozenset({"internal_module", "module"}),
+)
+
+TSX = LanguageSpec(
+    name="tsx",
+    extensions=(".tsx",),
+    load=_loader("tree_sitter_typescript", "language_tsx"),
+    function_types=TYPESCRIPT.function_types,
+    class_types=TYPESCRIPT.class_types,
+    wrapper_types=TYPESCRIPT.wrapper_types,
+    namespace_types=TYPESCRIPT.namespace_types,
+    query_files=("typescript",),
+)
+
+GO = LanguageSpec(
+    name="go",
+    extensions=(".go",),
+    load=_loader("tree_sitter_go"),
+    function_types=frozenset({"function_declaration", "method_declaration"}),
+    class_types=frozenset({"type_declaration"}),
+    name_of=_go_name,
+)
+
+RUST = LanguageSpec(
+    name="rust",
+    extensions=(".rs",),
+    load=_loader("tree_sitter_rust"),
+    function_types=frozenset({"function_item", "function_signature_item"}),
+    class_types=frozenset({"impl_item", "trait_item", "struct_item", "enum_item", "union_item"}),
+    namespace_types=frozenset({"mod_item"}),
+    comment_types=frozenset({"line_comment", "block_comment"}),
+    name_of=_rust_name,
+)
+
+JAVA = LanguageSpec(
+    name="java",
+    extensions=(".java",),
+    load=_loader("tree_sitter_java"),
+    function_types=frozenset({"method_declaration", "constructor_declaration"}),
+    class_types=frozenset({"class_declaration", "interface_declaration", "enum_declaration",
+                           "record_declaration", "annotation_type_declaration"}),
+    comment_types=frozenset({"line_comment", "block_comment"}),
+)
+
+C = LanguageSpec(
+    name="c",
+    extensions=(".c", ".h"),
+    load=_loader("tree_sitter_c"),
+    function_types=frozenset({"function_definition"}),
+    class_types=frozenset({"struct_specifier", "union_specifier", "enum_specifier"}),
+    name_of=_c_name,
+)
+
+CPP = LanguageSpec(
+    name="cpp",
+    extensions=(".cc", ".cpp", ".cxx", ".hpp", ".hh", ".hxx", ".ipp"),
+    load=_loader("tree_sitter_cpp"),
+    function_types=frozenset({"function_definition"}),
+    class_types=frozenset({"class_specifier", "struct_specifier", "union_specifier",
+                           "enum_specifier"}),
+    wrapper_types=frozenset({"template_declaration"}),
+    namespace_types=frozenset({"namespace_definition", "linkage_specification"}),
+    name_of=_c_name,
+)
+
+LANGUAGES: dict[str, LanguageSpec] = {
+    spec.name: spec for spec in (PYTHON, JAVASCRIPT, TYPESCRIPT, TSX, GO, RUST, JAVA, C, CPP)
+}
+
+def _query_names(spec: LanguageSpec) -> tuple[str, ...]:
+    return spec.query_files or (spec.name,)
+
+
+def _has_queries(spec: LanguageSpec) -> bool:
+    queries = resources.files(__package__).joinpath("queries")
+    return all(queries.joinpath(f"{name}.scm").is_file() for name in _query_names(spec))
+
+
+# A language without its query file is indexed as plain text rather than half-analysed.
+_BY_EXTENSION = {
+    ext: spec for spec in LANGUAGES.values() if _has_queries(spec) for ext in spec.extensions
+}
+
+
+def language_for_path(path: str) -> LanguageSpec | None:
+    """The language of a repository path, by its extension; None for other files."""
+    return _BY_EXTENSION.get(PurePosixPath(path).suffix.lower())
+
+
+def definition_name(spec: LanguageSpec, node) -> str | None:
+    """The declared name of a definition node, or None when it has none."""
+    if spec.name_of is not None:
+        return spec.name_of(node)
+    return _node_name(node)
+
+
+@functools.cache
+def tree_sitter_language(name: str) -> Language:
+    return Language(LANGUAGES[name].load())
+
+
+@functools.cache
+def query(name: str) -> Query:
+    """The language's anchor query, compiled once per process."""
+    queries = resources.files(__package__).joinpath("queries")
+    source = "\n".join(
+        queries.joinpath(f"{file}.scm").read_text() for file in _query_names(LANGUAGES[name])
+    )
+    return Query(tree_sitter_language(name), source)
+
+
+def parser(name: str) -> Parser:
+    return Parser(tree_sitter_language(name))

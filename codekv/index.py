@@ -1,0 +1,305 @@
+"""``Index``: build and update a repository's chunk index, and read chunks, anchors and the graph."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import multiprocessing
+import os
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from codekv import gitrepo, paths
+from codekv.analysis import Analyzer, BlobAnalysis, chunker_version
+from codekv.anchors.graph import DefUseGraph, Use, build_graph
+from codekv.chunks import DEFAULT_BUDGET, Anchor, Chunk
+from codekv.storage import BlobSymbols, IndexStore
+from codekv.tokens import CounterSpec, default_counter_spec
+
+INDEX_FILE = "index.sqlite"
+BATCH = 64  # blobs per write transaction
+
+
+@dataclass
+class IndexSummary:
+    repo: str
+    files: int = 0
+    parsed: int = 0
+    reused: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    syntax_errors: int = 0
+    decode_errors: int = 0
+    chunks: dict[str, int] = field(default_factory=dict)
+    anchors: dict[str, int] = field(default_factory=dict)
+    graph_nodes: int = 0
+    graph_edges: int = 0
+    seconds: float = 0.0
+
+    def as_json(self) -> dict:
+        data = dict(self.__dict__)
+        data["chunks_total"] = sum(self.chunks.values())
+        return data
+
+
+@dataclass(frozen=True)
+class _Task:
+    path: str
+    blob_hash: str
+    language: str
+    origin: str
+
+
+_worker: tuple[Analyzer, gitrepo.BlobReader] | None = None
+
+
+def _init_worker(counter: CounterSpec, budget: int, repo_path: str) -> None:
+    global _worker
+    _worker = (Analyzer(counter, budget), gitrepo.BlobReader(repo_path))
+
+
+def _analyze(task: _Task):
+    """Worker side: read one blob and analyse it; returns (task, status, analysis-or-None)."""
+    analyzer, reader = _worker
+    try:
+        data = reader.read(gitrepo.SourceFile(task.path, task.blob_hash, task.language, task.origin))
+    except (gitrepo.MissingBlobError, OSError) as error:
+        return task, f"missing: {error}", None
+    reason = gitrepo.skip_reason(data)
+    if reason is not None:
+        return task, reason, None
+    return task, "ok", analyzer.analyze(task.blob_hash, task.language, data)
+
+
+class Index:
+    """The chunk index of one git repository, stored under the codekv home (or ``store``)."""
+
+    def __init__(
+        self,
+        repo: str | Path,
+        store: str | Path | None = None,
+        budget: int = DEFAULT_BUDGET,
+        counter: CounterSpec | None = None,
+        include_secrets: bool = False,
+        include_ignored: bool = False,
+    ):
+        self.repo = gitrepo.open_repository(repo)
+        self.root = str(Path(self.repo.workdir).resolve())
+        self.store_dir = paths.private_dir(Path(store)) if store else paths.home()
+        self.budget = budget
+        self.counter = counter or default_counter_spec()
+        self.chunker = chunker_version(self.counter, budget)
+        self.include_secrets = include_secrets
+        self.include_ignored = include_ignored
+        self.store = IndexStore(self.store_dir / INDEX_FILE)
+        self.repo_id = self.store.repo_id(self.root)
+        self._graph: DefUseGraph | None = None
+        self._chunks: dict[str, Chunk] | None = None
+
+    # -- building ----------------------------------------------------------------------
+    def update(self, workers: int | None = None, progress=None) -> IndexSummary:
+        """Index HEAD plus the working tree; only blobs never analysed before are parsed."""
+        started = time.perf_counter()
+        with self._lock():
+            snapshot = gitrepo.scan(self.repo, self.include_secrets, self.include_ignored)
+            summary = IndexSummary(self.root, files=len(snapshot.files) + sum(snapshot.skipped.values()))
+            known = self.store.known_blobs(self.repo_id, self.chunker)
+            todo: dict[tuple[str, str], _Task] = {}
+            for file in snapshot.files:
+                key = (file.blob_hash, file.language)
+                if key not in known and key not in todo:
+                    todo[key] = _Task(file.path, file.blob_hash, file.language, file.origin)
+            summary.parsed = self._analyze_all(list(todo.values()), workers, progress, known)
+            skipped = dict(snapshot.skipped_paths)
+            indexed = []
+            for file in snapshot.files:
+                status = known[(file.blob_hash, file.language)]
+                if status != "ok":
+                    skipped[file.path] = status.split(":")[0]
+                else:
+                    indexed.append(file)
+                    if (file.blob_hash, file.language) not in todo:
+                        summary.reused += 1
+            self.store.replace_snapshot(self.repo_id, indexed, skipped)
+            summary.skipped = dict(Counter(skipped.values()))
+            self._graph = None
+            self._chunks = None
+            stats = self._stats(indexed)
+        summary.syntax_errors = stats["syntax_errors"]
+        summary.decode_errors = stats["decode_errors"]
+        summary.chunks = stats["chunks"]
+        summary.anchors = stats["anchors"]
+        summary.graph_nodes = stats["graph_nodes"]
+        summary.graph_edges = stats["graph_edges"]
+        summary.seconds = round(time.perf_counter() - started, 3)
+        return summary
+
+    def _analyze_all(self, tasks: list[_Task], workers, progress, known: dict) -> int:
+        if not tasks:
+            return 0
+        workers = workers or min(len(os.sched_getaffinity(0)), max(1, len(tasks) // 8))
+        args = (self.counter, self.budget, self.repo.path)
+        parsed = 0
+        batch: list[BlobAnalysis] = []
+
+        def record(task, status, analysis):
+            nonlocal parsed
+            if analysis is None:
+                self.store.put_skipped_blob(
+                    self.repo_id, task.blob_hash, task.language, self.chunker, status
+                )
+            else:
+                batch.append(analysis)
+                parsed += 1
+                if len(batch) >= BATCH:
+                    self.store.put_analyses(self.repo_id, batch)
+                    batch.clear()
+            known[(task.blob_hash, task.language)] = status
+            if progress is not None:
+                progress(1, len(tasks))
+
+        # Largest first keeps both cores busy to the end.
+        tasks = sorted(tasks, key=lambda t: -self._size_hint(t))
+        if workers <= 1:
+            _init_worker(*args)
+            for task in tasks:
+                record(*_analyze(task))
+        else:
+            context = multiprocessing.get_context("fork")
+            with context.Pool(workers, initializer=_init_worker, initargs=args) as pool:
+                for result in pool.imap_unordered(_analyze, tasks, chunksize=4):
+                    record(*result)
+        if batch:
+            self.store.put_analyses(self.repo_id, batch)
+        return parsed
+
+    def _size_hint(self, task: _Task) -> int:
+        try:
+            return self.repo.odb.read_header(task.blob_hash)[1] if task.origin == "head" else 0
+        except (KeyError, ValueError):
+            return 0
+
+    @contextmanager
+    def _lock(self):
+        """One writer per repository: a second ``codekv index`` waits, then finds little to do."""
+        lock_dir = paths.private_dir(self.store_dir / "locks")
+        name = hashlib.sha256(self.root.encode()).hexdigest()[:16]
+        with open(lock_dir / f"{name}.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # -- snapshot statistics and the graph ----------------------------------------------
+    def _snapshot_key(self, files) -> str:
+        digest = hashlib.sha256(self.chunker.encode())
+        for file in files:
+            digest.update(f"{file.path}\0{file.blob_hash}\0{file.language}\n".encode())
+        return digest.hexdigest()
+
+    def _stats(self, files) -> dict:
+        key = self._snapshot_key(files)
+        cached = self.store.graph_cache(self.repo_id, key)
+        if cached is not None:
+            return cached[0]
+        symbols = self._symbols(files)
+        graph = build_graph(symbols)
+        chunks, anchors = Counter(), Counter()
+        unique = {s.blob_hash: s for s in symbols.values()}.values()
+        for blob in unique:
+            for _, kind, anchor_counts in blob.chunks:
+                chunks[kind] += 1
+                anchors.update(anchor_counts)
+        anchors["use"] = len(graph.uses)
+        stats = {
+            "chunks": dict(chunks),
+            "anchors": dict(anchors),
+            "graph_nodes": graph.graph.number_of_nodes(),
+            "graph_edges": graph.graph.number_of_edges(),
+            "syntax_errors": sum(1 for s in unique if s.syntax_errors),
+            "decode_errors": sum(1 for s in unique if s.decode_errors),
+        }
+        uses = [[u.source, u.target, u.name, u.kind, u.start_byte, u.end_byte] for u in graph.uses]
+        self.store.put_graph_cache(self.repo_id, key, stats, uses)
+        self._graph = graph
+        return stats
+
+    def _symbols(self, files) -> dict[str, BlobSymbols]:
+        cache: dict[tuple[str, str], BlobSymbols | None] = {}
+        result = {}
+        for file in files:
+            key = (file.blob_hash, file.language)
+            if key not in cache:
+                cache[key] = self.store.load_symbols(self.repo_id, *key, self.chunker)
+            if cache[key] is not None:
+                result[file.path] = cache[key]
+        return result
+
+    # -- reading -----------------------------------------------------------------------
+    def files(self) -> list[gitrepo.SourceFile]:
+        return self.store.snapshot_files(self.repo_id)
+
+    def chunks(self, path: str | None = None) -> list[Chunk]:
+        """Chunks of the indexed snapshot (of one file when ``path`` is given), in file order."""
+        files = self.files() if path is None else [f for f in self.files() if f.path == path]
+        out = []
+        for file in files:
+            analysis = self.store.load_analysis(
+                self.repo_id, file.blob_hash, file.language, self.chunker
+            )
+            if analysis is not None:
+                out.extend(replace(chunk, path=file.path) for chunk in analysis.chunks)
+        return out
+
+    def chunk(self, chunk_id: str) -> Chunk:
+        if self._chunks is None:
+            self._chunks = {chunk.id: chunk for chunk in self.chunks()}
+        try:
+            return self._chunks[chunk_id]
+        except KeyError:
+            raise KeyError(f"no chunk {chunk_id} in the index of {self.root}") from None
+
+    def find(self, path: str, qualname: str | None = None) -> list[Chunk]:
+        """Chunks of ``path``, or only those named ``qualname`` (all parts of a split one)."""
+        chunks = self.chunks(path)
+        if qualname is None:
+            return chunks
+        return [c for c in chunks if c.qualname == qualname]
+
+    def text(self, chunk: Chunk) -> bytes:
+        file = next(f for f in self.files() if f.path == chunk.path)
+        data = gitrepo.BlobReader(self.repo.path).read(file)
+        return chunk.text(data)
+
+    @property
+    def graph(self) -> DefUseGraph:
+        if self._graph is None:
+            self._graph = build_graph(self._symbols(self.files()))
+        return self._graph
+
+    def anchors(self, chunk: Chunk) -> list[Anchor]:
+        """The chunk's static anchors plus its ``use`` anchors from the def-use graph."""
+        uses = [
+            Anchor("use", u.name, u.start_byte, u.end_byte) for u in self.graph.uses_in(chunk.id)
+        ]
+        return sorted(chunk.anchors + uses, key=lambda a: (a.start_byte, a.end_byte, a.kind))
+
+    def depends_on(self, chunk: Chunk) -> list[Chunk]:
+        return [self.chunk(i) for i in self.graph.depends_on(chunk.id)]
+
+    def used_by(self, chunk: Chunk) -> list[Chunk]:
+        return [self.chunk(i) for i in self.graph.used_by(chunk.id)]
+
+    def uses(self, chunk: Chunk) -> list[Use]:
+        return self.graph.uses_in(chunk.id)
+
+    def gc(self) -> int:
+        """Drop stored blobs no file of the last indexed snapshot points to; returns how many."""
+        with self._lock():
+            return self.store.gc(self.repo_id, self.chunker)
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,26 @@
+"""Where codekv keeps its files: one private directory per user."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home() -> Path:
+    """The codekv directory: ``$CODEKV_HOME``, else ``$XDG_CACHE_HOME/codekv``, else ``~/.cache/codekv``.
+
+    Created owner-only (0700): cached KV and chunk text encode the user's code.
+    """
+    root = os.environ.get("CODEKV_HOME")
+    if root:
+        path = Path(root)
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        path = Path(cache) / "codekv"
+    return private_dir(path)
+
+
+def private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path

@@ -1,0 +1,287 @@
+"""The index database: embedded SQLite (WAL), keyed by repository and blob.
+
+One row per analysed blob (its definitions, references and imports packed as compressed
+JSON), one row per chunk (anchors as JSON), and the current snapshot of each repository
+(path -> blob). Every blob is written in its own transaction and the snapshot is replaced in
+one, so an index killed midway leaves a consistent database that the next run completes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+import sqlite3
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from codekv.analysis import BlobAnalysis, Definition, Import, Reference
+from codekv.chunks import Anchor, Chunk
+from codekv.gitrepo import SourceFile
+
+SCHEMA_VERSION = "1"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS repos (id INTEGER PRIMARY KEY, root TEXT UNIQUE NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (
+    repo_id INTEGER NOT NULL, blob_hash TEXT NOT NULL, language TEXT NOT NULL,
+    chunker TEXT NOT NULL, status TEXT NOT NULL, syntax_errors INTEGER NOT NULL,
+    decode_errors INTEGER NOT NULL, symbols BLOB,
+    PRIMARY KEY (repo_id, blob_hash, language, chunker)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    repo_id INTEGER NOT NULL, id TEXT NOT NULL, blob_hash TEXT NOT NULL,
+    language TEXT NOT NULL, chunker TEXT NOT NULL, seq INTEGER NOT NULL,
+    kind TEXT NOT NULL, name TEXT, qualname TEXT, parent TEXT, part INTEGER NOT NULL,
+    start_byte INTEGER NOT NULL, end_byte INTEGER NOT NULL,
+    start_line INTEGER NOT NULL, end_line INTEGER NOT NULL, n_tokens INTEGER NOT NULL,
+    anchors TEXT NOT NULL,
+    PRIMARY KEY (repo_id, id)
+);
+CREATE INDEX IF NOT EXISTS chunks_by_blob ON chunks (repo_id, blob_hash, language, chunker);
+CREATE TABLE IF NOT EXISTS files (
+    repo_id INTEGER NOT NULL, path TEXT NOT NULL, blob_hash TEXT NOT NULL,
+    language TEXT NOT NULL, origin TEXT NOT NULL, PRIMARY KEY (repo_id, path)
+);
+CREATE TABLE IF NOT EXISTS skipped (
+    repo_id INTEGER NOT NULL, path TEXT NOT NULL, reason TEXT NOT NULL,
+    PRIMARY KEY (repo_id, path)
+);
+CREATE TABLE IF NOT EXISTS graphs (
+    repo_id INTEGER PRIMARY KEY, snapshot TEXT NOT NULL, stats TEXT NOT NULL, uses BLOB NOT NULL
+);
+"""
+
+
+class CorruptIndexError(Exception):
+    """The index database cannot be read; ``codekv index --rebuild`` starts it afresh."""
+
+
+class IndexStore:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.path.chmod(0o600)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+            self._check_version()
+        except sqlite3.DatabaseError as error:
+            raise CorruptIndexError(
+                f"the index database {self.path} is unreadable ({error}); "
+                "run `codekv index --rebuild` to start it afresh"
+            ) from error
+
+    def _check_version(self) -> None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if row is None:
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        elif row[0] != SCHEMA_VERSION:
+            raise CorruptIndexError(
+                f"the index database {self.path} has schema {row[0]}, this codekv writes "
+                f"{SCHEMA_VERSION}; run `codekv index --rebuild`"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    def transaction(self):
+        return _Transaction(self.db)
+
+    def repo_id(self, root: str) -> int:
+        with self.transaction():
+            self.db.execute("INSERT OR IGNORE INTO repos (root) VALUES (?)", (root,))
+            return self.db.execute("SELECT id FROM repos WHERE root = ?", (root,)).fetchone()[0]
+
+    def known_blobs(self, repo_id: int, chunker: str) -> dict[tuple[str, str], str]:
+        """(blob hash, language) -> status of every blob already analysed by this chunker."""
+        rows = self.db.execute(
+            "SELECT blob_hash, language, status FROM blobs WHERE repo_id = ? AND chunker = ?",
+            (repo_id, chunker),
+        )
+        return {(blob, language): status for blob, language, status in rows}
+
+    def put_skipped_blob(self, repo_id, blob_hash, language, chunker, reason) -> None:
+        with self.transaction():
+            self.db.execute(
+                "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, ?, 0, 0, NULL)",
+                (repo_id, blob_hash, language, chunker, reason),
+            )
+
+    def put_analyses(self, repo_id: int, analyses: list[BlobAnalysis]) -> None:
+        """Store analysed blobs; each batch is one transaction, so none is ever half-written."""
+        with self.transaction():
+            for analysis in analyses:
+                self._put_analysis(repo_id, analysis)
+
+    def _put_analysis(self, repo_id: int, analysis: BlobAnalysis) -> None:
+        key = (repo_id, analysis.blob_hash, analysis.language, analysis.chunker)
+        self.db.execute(
+            "DELETE FROM chunks WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
+            key,
+        )
+        self.db.executemany(
+            "INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [
+                (
+                    repo_id, c.id, c.blob_hash, c.language, analysis.chunker, seq, c.kind,
+                    c.name, c.qualname, c.parent, c.part, c.start_byte, c.end_byte,
+                    c.start_line, c.end_line, c.n_tokens,
+                    json.dumps([[a.kind, a.name, a.start_byte, a.end_byte] for a in c.anchors]),
+                )
+                for seq, c in enumerate(analysis.chunks)
+            ],
+        )
+        symbols = {
+            "d": [[d.name, d.kind, d.chunk_id, d.start_byte] for d in analysis.definitions],
+            "r": [
+                [r.name, r.kind, r.chunk_id, r.start_byte, r.end_byte] for r in analysis.references
+            ],
+            "i": [[i.module, i.name, i.alias, i.chunk_id] for i in analysis.imports],
+            # Enough to count and graph a snapshot without reading every chunk row.
+            "c": [[c.id, c.kind, dict(Counter(a.kind for a in c.anchors))] for c in analysis.chunks],
+        }
+        self.db.execute(
+            "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, 'ok', ?, ?, ?)",
+            (*key, analysis.syntax_errors, int(analysis.decode_errors),
+             zlib.compress(json.dumps(symbols).encode(), 1)),
+        )
+
+    def load_symbols(self, repo_id: int, blob_hash: str, language: str, chunker: str):
+        """The blob's packed definitions, references, imports and chunk summaries, or None."""
+        row = self.db.execute(
+            "SELECT status, syntax_errors, decode_errors, symbols FROM blobs "
+            "WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
+            (repo_id, blob_hash, language, chunker),
+        ).fetchone()
+        if row is None or row[0] != "ok":
+            return None
+        return BlobSymbols.unpack(blob_hash, language, row[1], row[2], row[3])
+
+    def load_analysis(
+        self, repo_id: int, blob_hash: str, language: str, chunker: str
+    ) -> BlobAnalysis | None:
+        """The blob's chunks with their anchors (no symbols: see ``load_symbols``)."""
+        row = self.db.execute(
+            "SELECT status, syntax_errors, decode_errors, symbols FROM blobs "
+            "WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
+            (repo_id, blob_hash, language, chunker),
+        ).fetchone()
+        if row is None or row[0] != "ok":
+            return None
+        chunks = [
+            _chunk(r)
+            for r in self.db.execute(
+                "SELECT id, blob_hash, language, kind, name, qualname, parent, part, start_byte, "
+                "end_byte, start_line, end_line, n_tokens, anchors FROM chunks WHERE repo_id = ? "
+                "AND blob_hash = ? AND language = ? AND chunker = ? ORDER BY seq",
+                (repo_id, blob_hash, language, chunker),
+            )
+        ]
+        analysis = BlobAnalysis(blob_hash, language, chunker, chunks, syntax_errors=row[1],
+                                decode_errors=bool(row[2]))
+        return analysis
+
+    def replace_snapshot(self, repo_id: int, files: list[SourceFile], skipped: dict[str, str]) -> None:
+        with self.transaction():
+            self.db.execute("DELETE FROM files WHERE repo_id = ?", (repo_id,))
+            self.db.executemany(
+                "INSERT INTO files VALUES (?, ?, ?, ?, ?)",
+                [(repo_id, f.path, f.blob_hash, f.language, f.origin) for f in files],
+            )
+            self.db.execute("DELETE FROM skipped WHERE repo_id = ?", (repo_id,))
+            self.db.executemany(
+                "INSERT INTO skipped VALUES (?, ?, ?)",
+                [(repo_id, path, reason) for path, reason in skipped.items()],
+            )
+
+    def snapshot_files(self, repo_id: int) -> list[SourceFile]:
+        rows = self.db.execute(
+            "SELECT path, blob_hash, language, origin FROM files WHERE repo_id = ? ORDER BY path",
+            (repo_id,),
+        )
+        return [SourceFile(*row) for row in rows]
+
+    def graph_cache(self, repo_id: int, snapshot: str) -> tuple[dict, list] | None:
+        """The stats and resolved uses stored for exactly this snapshot, else None."""
+        row = self.db.execute(
+            "SELECT stats, uses FROM graphs WHERE repo_id = ? AND snapshot = ?", (repo_id, snapshot)
+        ).fetchone()
+        if row is None:
+            return None
+        return json.loads(row[0]), json.loads(zlib.decompress(row[1]))
+
+    def put_graph_cache(self, repo_id: int, snapshot: str, stats: dict, uses: list) -> None:
+        with self.transaction():
+            self.db.execute(
+                "INSERT OR REPLACE INTO graphs VALUES (?, ?, ?, ?)",
+                (repo_id, snapshot, json.dumps(stats), zlib.compress(json.dumps(uses).encode(), 1)),
+            )
+
+    def gc(self, repo_id: int, chunker: str) -> int:
+        """Drop blobs (and their chunks) no file of the current snapshot points to."""
+        with self.transaction():
+            live = "(SELECT blob_hash FROM files WHERE repo_id = ?)"
+            removed = self.db.execute(
+                f"DELETE FROM blobs WHERE repo_id = ? AND (chunker != ? OR blob_hash NOT IN {live})",
+                (repo_id, chunker, repo_id),
+            ).rowcount
+            self.db.execute(
+                f"DELETE FROM chunks WHERE repo_id = ? AND (chunker != ? OR blob_hash NOT IN {live})",
+                (repo_id, chunker, repo_id),
+            )
+        self.db.execute("VACUUM")
+        return removed
+
+
+@dataclass
+class BlobSymbols:
+    """What the def-use graph and the snapshot statistics need of one blob."""
+
+    blob_hash: str
+    language: str
+    syntax_errors: int
+    decode_errors: bool
+    definitions: list[Definition]
+    references: list[Reference]
+    imports: list[Import]
+    chunks: list[tuple[str, str, dict[str, int]]]  # (id, kind, anchor counts by kind)
+
+    @property
+    def chunk_ids(self) -> list[str]:
+        return [chunk[0] for chunk in self.chunks]
+
+    @classmethod
+    def unpack(cls, blob_hash, language, syntax_errors, decode_errors, packed: bytes):
+        data = json.loads(zlib.decompress(packed))
+        return cls(
+            blob_hash,
+            language,
+            syntax_errors,
+            bool(decode_errors),
+            [Definition(*d) for d in data["d"]],
+            [Reference(*r) for r in data["r"]],
+            [Import(*i) for i in data["i"]],
+            [tuple(c) for c in data["c"]],
+        )
+
+
+def _chunk(row) -> Chunk:
+    *fields, anchors = row
+    return Chunk(*fields, anchors=[Anchor(*a) for a in json.loads(anchors)])
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb):
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        return False
