@@ -162,9 +162,14 @@ class MissingBlobError(Exception):
     """A blob named by the tree is not in the object database (a shallow or damaged clone)."""
 
 
-def skip_reason(data: bytes, max_file_bytes: int = MAX_FILE_BYTES) -> str | None:
-    """Why a file's contents are not indexed, or None to index it."""
-    if len(data) > max_file_bytes:
+def skip_reason(data: bytes, max_file_bytes: int | None = None) -> str | None:
+    """Why a file's contents are not indexed, or None to index it.
+
+    The size limit defaults to ``MAX_FILE_BYTES`` as it is when called, so setting the module
+    attribute (before forking workers) changes it.
+    """
+    limit = MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
+    if len(data) > limit:
         return "too-large"
     if b"\0" in data[:8192]:
         return "binary"
