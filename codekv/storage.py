@@ -8,10 +8,11 @@ one, so an index killed midway leaves a consistent database that the next run co
 
 from __future__ import annotations
 
+import functools
 import json
-from collections import Counter
 import sqlite3
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +55,39 @@ CREATE TABLE IF NOT EXISTS graphs (
 """
 
 
+# Skip reasons that say nothing about the blob's content (a blob missing from a shallow or
+# damaged clone may be fetched later): reported for this run, never stored.
+TRANSIENT_REASONS = ("missing",)
+
+# SQLite's primary result codes for a damaged file; "database is locked" and the like are not.
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+
 class CorruptIndexError(Exception):
     """The index database cannot be read; ``codekv index --rebuild`` starts it afresh."""
+
+
+def _is_corrupt(error: sqlite3.DatabaseError) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is None:
+        return type(error) is sqlite3.DatabaseError
+    return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
+def _guarded(method):
+    """Damage found mid-read (SQLite checks pages as it touches them) is a CorruptIndexError."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as error:
+            if not _is_corrupt(error):
+                raise
+            raise self._corrupt(error) from error
+
+    return wrapper
 
 
 class IndexStore:
@@ -70,10 +102,15 @@ class IndexStore:
             self.db.executescript(SCHEMA)
             self._check_version()
         except sqlite3.DatabaseError as error:
-            raise CorruptIndexError(
-                f"the index database {self.path} is unreadable ({error}); "
-                "run `codekv index --rebuild` to start it afresh"
-            ) from error
+            if not _is_corrupt(error):
+                raise
+            raise self._corrupt(error) from error
+
+    def _corrupt(self, error: Exception) -> CorruptIndexError:
+        return CorruptIndexError(
+            f"the index database {self.path} is unreadable ({error}); "
+            "run `codekv index --rebuild` to start it afresh"
+        )
 
     def _check_version(self) -> None:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
@@ -91,11 +128,13 @@ class IndexStore:
     def transaction(self):
         return _Transaction(self.db)
 
+    @_guarded
     def repo_id(self, root: str) -> int:
         with self.transaction():
             self.db.execute("INSERT OR IGNORE INTO repos (root) VALUES (?)", (root,))
             return self.db.execute("SELECT id FROM repos WHERE root = ?", (root,)).fetchone()[0]
 
+    @_guarded
     def known_blobs(self, repo_id: int, chunker: str) -> dict[tuple[str, str], str]:
         """(blob hash, language) -> status of every blob already analysed by this chunker."""
         rows = self.db.execute(
@@ -104,13 +143,17 @@ class IndexStore:
         )
         return {(blob, language): status for blob, language, status in rows}
 
+    @_guarded
     def put_skipped_blob(self, repo_id, blob_hash, language, chunker, reason) -> None:
+        if reason.startswith(TRANSIENT_REASONS):
+            return
         with self.transaction():
             self.db.execute(
                 "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, ?, 0, 0, NULL)",
                 (repo_id, blob_hash, language, chunker, reason),
             )
 
+    @_guarded
     def put_analyses(self, repo_id: int, analyses: list[BlobAnalysis]) -> None:
         """Store analysed blobs; each batch is one transaction, so none is ever half-written."""
         with self.transaction():
@@ -120,7 +163,8 @@ class IndexStore:
     def _put_analysis(self, repo_id: int, analysis: BlobAnalysis) -> None:
         key = (repo_id, analysis.blob_hash, analysis.language, analysis.chunker)
         self.db.execute(
-            "DELETE FROM chunks WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
+            "DELETE FROM chunks "
+            "WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
             key,
         )
         self.db.executemany(
@@ -142,7 +186,9 @@ class IndexStore:
             ],
             "i": [[i.module, i.name, i.alias, i.chunk_id] for i in analysis.imports],
             # Enough to count and graph a snapshot without reading every chunk row.
-            "c": [[c.id, c.kind, dict(Counter(a.kind for a in c.anchors))] for c in analysis.chunks],
+            "c": [
+                [c.id, c.kind, dict(Counter(a.kind for a in c.anchors))] for c in analysis.chunks
+            ],
         }
         self.db.execute(
             "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, 'ok', ?, ?, ?)",
@@ -150,6 +196,7 @@ class IndexStore:
              zlib.compress(json.dumps(symbols).encode(), 1)),
         )
 
+    @_guarded
     def load_symbols(self, repo_id: int, blob_hash: str, language: str, chunker: str):
         """The blob's packed definitions, references, imports and chunk summaries, or None."""
         row = self.db.execute(
@@ -161,6 +208,7 @@ class IndexStore:
             return None
         return BlobSymbols.unpack(blob_hash, language, row[1], row[2], row[3])
 
+    @_guarded
     def load_analysis(
         self, repo_id: int, blob_hash: str, language: str, chunker: str
     ) -> BlobAnalysis | None:
@@ -185,7 +233,10 @@ class IndexStore:
                                 decode_errors=bool(row[2]))
         return analysis
 
-    def replace_snapshot(self, repo_id: int, files: list[SourceFile], skipped: dict[str, str]) -> None:
+    @_guarded
+    def replace_snapshot(
+        self, repo_id: int, files: list[SourceFile], skipped: dict[str, str]
+    ) -> None:
         with self.transaction():
             self.db.execute("DELETE FROM files WHERE repo_id = ?", (repo_id,))
             self.db.executemany(
@@ -198,6 +249,7 @@ class IndexStore:
                 [(repo_id, path, reason) for path, reason in skipped.items()],
             )
 
+    @_guarded
     def snapshot_files(self, repo_id: int) -> list[SourceFile]:
         rows = self.db.execute(
             "SELECT path, blob_hash, language, origin FROM files WHERE repo_id = ? ORDER BY path",
@@ -205,6 +257,7 @@ class IndexStore:
         )
         return [SourceFile(*row) for row in rows]
 
+    @_guarded
     def graph_cache(self, repo_id: int, snapshot: str) -> tuple[dict, list] | None:
         """The stats and resolved uses stored for exactly this snapshot, else None."""
         row = self.db.execute(
@@ -214,6 +267,7 @@ class IndexStore:
             return None
         return json.loads(row[0]), json.loads(zlib.decompress(row[1]))
 
+    @_guarded
     def put_graph_cache(self, repo_id: int, snapshot: str, stats: dict, uses: list) -> None:
         with self.transaction():
             self.db.execute(
@@ -221,18 +275,18 @@ class IndexStore:
                 (repo_id, snapshot, json.dumps(stats), zlib.compress(json.dumps(uses).encode(), 1)),
             )
 
+    @_guarded
     def gc(self, repo_id: int, chunker: str) -> int:
         """Drop blobs (and their chunks) no file of the current snapshot points to."""
         with self.transaction():
-            live = "(SELECT blob_hash FROM files WHERE repo_id = ?)"
-            removed = self.db.execute(
-                f"DELETE FROM blobs WHERE repo_id = ? AND (chunker != ? OR blob_hash NOT IN {live})",
-                (repo_id, chunker, repo_id),
-            ).rowcount
-            self.db.execute(
-                f"DELETE FROM chunks WHERE repo_id = ? AND (chunker != ? OR blob_hash NOT IN {live})",
-                (repo_id, chunker, repo_id),
+            dead = (
+                "WHERE repo_id = ? AND (chunker != ? OR blob_hash NOT IN "
+                "(SELECT blob_hash FROM files WHERE repo_id = ?))"
             )
+            removed = self.db.execute(
+                f"DELETE FROM blobs {dead}", (repo_id, chunker, repo_id)
+            ).rowcount
+            self.db.execute(f"DELETE FROM chunks {dead}", (repo_id, chunker, repo_id))
         self.db.execute("VACUUM")
         return removed
 
