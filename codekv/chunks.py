@@ -112,7 +112,8 @@ class Chunker:
         for start, node in segments:
             definition = self._definition(node)
             if definition is None:
-                if node.type in self.spec.namespace_types:
+                inner = self._unwrap(node)  # TypeScript: `export namespace`, `declare module`
+                if inner is not None and inner.type in self.spec.namespace_types:
                     flush()
                     self._namespace(start, node, parent, out)
                 else:
@@ -151,6 +152,15 @@ class Chunker:
 
     def _definition(self, node):
         """The function or class node that ``node`` is or wraps, else None."""
+        node = self._unwrap(node)
+        if node is None:
+            return None
+        if node.type in self.spec.function_types or node.type in self.spec.class_types:
+            return node
+        return None
+
+    def _unwrap(self, node):
+        """The node inside ``node``'s wrappers (decorators, export, declarations), or None."""
         while node.type in self.spec.wrapper_types:
             inner = node.child_by_field_name("definition") or node.child_by_field_name("declaration")
             if inner is None:
@@ -161,9 +171,7 @@ class Chunker:
             if inner is None:
                 return None
             node = inner
-        if node.type in self.spec.function_types or node.type in self.spec.class_types:
-            return node
-        return None
+        return node
 
     def _definition_chunks(self, start, node, definition, parent, out) -> None:
         name = definition_name(self.spec, definition)
@@ -191,9 +199,10 @@ class Chunker:
         self._split(start, end, body.named_children, kind, name, qualname, parent, out)
 
     def _namespace(self, start, node, parent, out) -> None:
-        name = definition_name(self.spec, node)
+        inner = self._unwrap(node)
+        name = definition_name(self.spec, inner)
         qualname = f"{parent}.{name}" if parent and name else name
-        body = node.child_by_field_name(self.spec.body_field)
+        body = inner.child_by_field_name(self.spec.body_field)
         if self.count(start, node.end_byte) <= self.budget or body is None:
             out.append(_Piece("module", start, node.end_byte, name, qualname, parent))
             return

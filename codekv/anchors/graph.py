@@ -155,3 +155,32 @@ class ModuleResolver:
             return self._exact(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")
         stem = module.replace(".", "/")
         return self._suffix(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")
+
+    _JS_EXTENSIONS = (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx", ".mts", ".cts", ".d.ts")
+    _TS_EXTENSIONS = (".ts", ".tsx", ".d.ts", ".mts", ".cts", ".js", ".jsx", ".mjs", ".cjs")
+
+    def _javascript(self, importer: str, module: str, extensions=_JS_EXTENSIONS) -> list[str]:
+        """'./x' and '../x' against the importer's directory: x itself, x.<ext>, x/index.<ext>.
+
+        Bare specifiers ('react', '@scope/pkg') name packages outside the repository.
+        """
+        if module not in (".", "..") and not module.startswith(("./", "../")):
+            return []
+        stem = posixpath.normpath(posixpath.join(posixpath.dirname(importer), module))
+        if stem == ".." or stem.startswith("../"):
+            return []
+        stem = "" if stem == "." else stem
+        candidates = [stem] if stem else []
+        root, ext = posixpath.splitext(stem)
+        if ext in (".js", ".jsx", ".mjs", ".cjs"):
+            # TypeScript's ESM style names the compiled file: './x.js' is x.ts in the source.
+            candidates += [root + e for e in extensions]
+        if stem:
+            candidates += [stem + e for e in extensions]
+        candidates += [posixpath.join(stem, "index" + e) for e in extensions]
+        return self._exact(*candidates)
+
+    def _typescript(self, importer: str, module: str) -> list[str]:
+        return self._javascript(importer, module, self._TS_EXTENSIONS)
+
+    _tsx = _typescript

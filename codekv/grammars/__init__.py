@@ -92,6 +92,29 @@ def _c_name(node) -> str | None:
     return _node_name(node)
 
 
+_JS_VALUES = frozenset({
+    "arrow_function", "function_expression", "generator_function", "class",
+})
+
+
+def _js_name(node) -> str | None:
+    """A function or class value is named by what holds it: ``const f = () => ...`` -> ``f``."""
+    name = None
+    if node.type in _JS_VALUES and node.parent is not None:
+        holder = node.parent
+        if holder.type == "variable_declarator":
+            name = holder.child_by_field_name("name")
+        elif holder.type in ("field_definition", "public_field_definition"):
+            name = holder.child_by_field_name("property") or holder.child_by_field_name("name")
+        elif holder.type == "export_statement":
+            return "default"
+    name = name or node.child_by_field_name("name")
+    if name is None or name.type in ("object_pattern", "array_pattern"):
+        return None
+    text = name.text.decode("utf-8", "replace")
+    return text.strip("'\"") if name.type == "string" else text
+
+
 def _rust_name(node) -> str | None:
     if node.type == "impl_item":
         target = node.child_by_field_name("type")
@@ -108,10 +131,17 @@ PYTHON = LanguageSpec(
     wrapper_types=frozenset({"decorated_definition"}),
 )
 
+# Function and class values count as definitions where the chunker meets them: a declarator
+# (`const f = () => ...`) and a class field (`handler = () => ...`) are wrappers around their
+# value, named by ``_js_name``; `export default function () {}` is named "default".
 _JS_FUNCTIONS = frozenset({
     "function_declaration", "generator_function_declaration", "method_definition",
+    "arrow_function", "function_expression", "generator_function",
 })
-_JS_CLASSES = frozenset({"class_declaration"})
+_JS_CLASSES = frozenset({"class_declaration", "class"})
+_JS_WRAPPERS = frozenset({
+    "export_statement", "lexical_declaration", "variable_declaration", "variable_declarator",
+})
 
 JAVASCRIPT = LanguageSpec(
     name="javascript",
@@ -119,18 +149,25 @@ JAVASCRIPT = LanguageSpec(
     load=_loader("tree_sitter_javascript"),
     function_types=_JS_FUNCTIONS,
     class_types=_JS_CLASSES,
-    wrapper_types=frozenset({"export_statement"}),
+    wrapper_types=_JS_WRAPPERS | {"field_definition"},
+    name_of=_js_name,
 )
 
 TYPESCRIPT = LanguageSpec(
     name="typescript",
     extensions=(".ts", ".mts", ".cts"),
     load=_loader("tree_sitter_typescript", "language_typescript"),
-    function_types=_JS_FUNCTIONS | {"function_signature", "method_signature"},
+    function_types=_JS_FUNCTIONS | {"function_signature", "method_signature",
+                                    "abstract_method_signature"},
     class_types=_JS_CLASSES | {"abstract_class_declaration", "interface_declaration",
-                               "enum_declaration"},
-    wrapper_types=frozenset({"export_statement"}),
+                               "enum_declaration", "type_alias_declaration"},
+    # `namespace N {}` parses inside an expression statement; `declare ...` is ambient.
+    wrapper_types=_JS_WRAPPERS | {"public_field_definition", "ambient_declaration",
+                                  "expression_statement"},
     namespace_types=frozenset({"internal_module", "module"}),
+    # A method's decorators are siblings before it in a class body: fold them in like comments.
+    comment_types=frozenset({"comment", "decorator"}),
+    name_of=_js_name,
 )
 
 TSX = LanguageSpec(
@@ -141,7 +178,9 @@ TSX = LanguageSpec(
     class_types=TYPESCRIPT.class_types,
     wrapper_types=TYPESCRIPT.wrapper_types,
     namespace_types=TYPESCRIPT.namespace_types,
-    query_files=("typescript",),
+    comment_types=TYPESCRIPT.comment_types,
+    name_of=_js_name,
+    query_files=("typescript", "tsx"),
 )
 
 GO = LanguageSpec(
