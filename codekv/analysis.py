@@ -217,7 +217,9 @@ def _extract(analysis: BlobAnalysis, query, root) -> None:
                 for name_node in names:
                     anchor("assign", _text(name_node), name_node)
             elif capture == "import":
-                module = _text(captures["module"][0]) if "module" in captures else ""
+                # A nested Rust use tree splits the path over several captures: join them.
+                parts = sorted(captures.get("module", []), key=lambda n: n.start_byte)
+                module = "::".join(_text(n) for n in parts)
                 name = _text(names[0]) if names else None
                 alias = _text(captures["alias"][0]) if "alias" in captures else None
                 chunk = anchor("import", alias or name or module, node)

@@ -112,8 +112,7 @@ class Chunker:
         for start, node in segments:
             definition = self._definition(node)
             if definition is None:
-                inner = self._unwrap(node)  # TypeScript: `export namespace`, `declare module`
-                if inner is not None and inner.type in self.spec.namespace_types:
+                if self._is_namespace(node):
                     flush()
                     self._namespace(start, node, parent, out)
                 else:
@@ -136,7 +135,9 @@ class Chunker:
                     pending = (pending[0], node)
                 continue
             if pending is not None:
-                if self._adjacent(pending[1], node) and self._definition(node) is not None:
+                if self._adjacent(pending[1], node) and (
+                    self._definition(node) is not None or self._is_namespace(node)
+                ):
                     yield pending[0], node
                     pending = None
                     continue
@@ -149,6 +150,15 @@ class Chunker:
     @staticmethod
     def _adjacent(above, below) -> bool:
         return below.start_point[0] - above.end_point[0] <= 1
+
+    def _is_namespace(self, node) -> bool:
+        """A namespace with a body (Rust ``mod a;`` without one is a loose statement)."""
+        node = self._unwrap(node)  # TypeScript: `export namespace`, `declare module`
+        return (
+            node is not None
+            and node.type in self.spec.namespace_types
+            and node.child_by_field_name(self.spec.body_field) is not None
+        )
 
     def _definition(self, node):
         """The function or class node that ``node`` is or wraps, else None."""
@@ -175,8 +185,10 @@ class Chunker:
 
     def _definition_chunks(self, start, node, definition, parent, out) -> None:
         name = definition_name(self.spec, definition)
-        qualname = f"{parent}.{name}" if parent and name else name
         is_class = definition.type in self.spec.class_types
+        if parent is None and not is_class and self.spec.owner_of is not None:
+            parent = self.spec.owner_of(definition)  # a Go method declared outside its type
+        qualname = f"{parent}.{name}" if parent and name else name
         kind = "class" if is_class else ("method" if parent else "function")
         end = node.end_byte
         if self.count(start, end) <= self.budget:
@@ -196,7 +208,7 @@ class Chunker:
                 owner = _Piece(kind, 0, 0, name, qualname, parent)
                 self._members([(s, n) for s, n in members if s >= first_def], owner, out)
                 return
-        self._split(start, end, body.named_children, kind, name, qualname, parent, out)
+        self._split(start, end, _body_statements(body), kind, name, qualname, parent, out)
 
     def _namespace(self, start, node, parent, out) -> None:
         inner = self._unwrap(node)
@@ -257,12 +269,20 @@ class Chunker:
         return end
 
 
+def _body_statements(body) -> list:
+    """A body's statements, looking through a lone statement list (Go: block > statement_list)."""
+    children = body.named_children
+    while len(children) == 1 and children[0].type.endswith("_list") and children[0].named_children:
+        children = children[0].named_children
+    return children
+
+
 def _statements_inside(node) -> list:
     """The statements nested in a compound statement: its blocks' children, else its children."""
     inner = []
     for child in node.named_children:
         if child.named_child_count and child.type.endswith(("block", "body", "clause", "list")):
-            inner.extend(child.named_children)
+            inner.extend(_body_statements(child))
         else:
             inner.append(child)
     return inner if len(inner) > 1 or (inner and inner[0].named_child_count) else []

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 
-
 @dataclass(frozen=True)
 class Use:
     """A reference in ``source`` (a chunk id) resolved to the chunk ``target`` that defines it."""
@@ -104,15 +103,28 @@ def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]
     """Names a file imports, mapped to the chunks defining them in the imported files."""
     names: dict[str, set[str]] = defaultdict(set)
     for imp in analysis.imports:
-        if imp.name is None:
+        imported = imp.name
+        if imported is None and analysis.language == "go" and imp.alias != "_":
+            # A Go import brings in a whole package, whose names are used qualified
+            # (``util.Helper``); references carry only ``Helper``, so all of them are in scope.
+            imported = "*"
+        if imported is None:
             continue
         for target_path in modules.resolve(path, analysis.language, imp.module):
             target_defs = definitions.get(target_path, {})
-            if imp.name == "*":
+            if imported == "*":
                 for name, chunk_ids in target_defs.items():
                     names[name] |= chunk_ids
-            elif imp.name in target_defs:
-                names[imp.alias or imp.name] |= target_defs[imp.name]
+            elif imported in target_defs:
+                names[imp.alias or imported] |= target_defs[imported]
+    if analysis.language == "go":
+        # The other files of a Go package (its directory) share its scope. They join the
+        # imported names rather than the local ones, so a name both they and an imported
+        # package define stays ambiguous instead of being guessed.
+        for sibling in modules.go_package(posixpath.dirname(path)):
+            if sibling != path:
+                for name, chunk_ids in definitions.get(sibling, {}).items():
+                    names[name] |= chunk_ids
     return names
 
 
@@ -155,6 +167,112 @@ class ModuleResolver:
             return self._exact(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")
         stem = module.replace(".", "/")
         return self._suffix(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")
+
+    # -- Go: a package is a directory ----------------------------------------------------
+    def go_package(self, directory: str) -> list[str]:
+        """The .go files directly in ``directory`` (a Go package)."""
+        if not hasattr(self, "_go_dirs"):
+            self._go_dirs: dict[str, list[str]] = defaultdict(list)
+            for path in sorted(self.paths):
+                if path.endswith(".go"):
+                    self._go_dirs[posixpath.dirname(path)].append(path)
+        return self._go_dirs.get(directory, [])
+
+    def _go(self, importer: str, module: str) -> list[str]:
+        """``example.com/shop/store`` -> the .go files of the package directory ``store``.
+
+        A directory the import path ends with wins (the longest); else, for a module kept in
+        a subdirectory, the directory ending with the path's longest tail of two or more
+        segments, when only one does. One-segment paths (``fmt``, ``log``) are the standard
+        library's; a package never imports itself.
+        """
+        segments = [s for s in module.strip("/").split("/") if s]
+        if len(segments) < 2:
+            return []
+        module = "/".join(segments)
+        self.go_package("")
+        own = posixpath.dirname(importer)
+        dirs = [d for d in self._go_dirs if d and d != own]
+        exact = [d for d in dirs if module == d or module.endswith("/" + d)]
+        if exact:
+            return list(self._go_dirs[max(exact, key=len)])
+        for start in range(len(segments) - 1):
+            tail = "/".join(segments[start:])
+            found = [d for d in dirs if d.endswith("/" + tail)]
+            if len(found) == 1:
+                return list(self._go_dirs[found[0]])
+            if found:
+                return []  # several packages end the same way: not guessed
+        return []
+
+    # -- Rust: modules are files (a.rs or a/mod.rs), crates are directories with src/ ------
+    def _rust(self, importer: str, module: str) -> list[str]:
+        parts = [p for p in module.split("::") if p]
+        if not parts:
+            return []
+        head, rest = parts[0], parts[1:]
+        if head in ("self", "super"):
+            base = self._rust_module_dir(importer)
+            while parts and parts[0] in ("self", "super"):
+                if parts.pop(0) == "super":
+                    base = posixpath.dirname(base)
+            return self._rust_module(base, parts)
+        crate = self._rust_crate_dir(importer)
+        if head == "crate":
+            if crate is not None:
+                found = self._rust_module(crate, rest)
+                if found:
+                    return found
+            stem = "/".join(rest)
+            if not stem:
+                return []
+            return self._suffix(
+                f"src/{stem}.rs", f"src/{stem}/mod.rs", f"{stem}.rs", f"{stem}/mod.rs"
+            )
+        # A bare path: a child module (2018 paths), a crate-root module (2015 paths), or
+        # another crate of the workspace, by its directory.
+        found = self._rust_module(self._rust_module_dir(importer), parts)
+        if not found and crate is not None:
+            found = self._rust_module(crate, parts)
+        if found:
+            return found
+        stem = "/".join(rest)
+        for name in dict.fromkeys((head, head.replace("_", "-"))):
+            if stem:
+                found = self._suffix(f"{name}/src/{stem}.rs", f"{name}/src/{stem}/mod.rs")
+            else:
+                found = self._suffix(f"{name}/src/lib.rs")
+            if found:
+                return found
+        return []
+
+    def _rust_module(self, directory: str, parts: list[str]) -> list[str]:
+        """The file of module ``parts`` below the module whose children live in ``directory``."""
+        stem = posixpath.join(directory, *parts) if parts else directory
+        if parts or directory:
+            found = self._exact(f"{stem}.rs", f"{stem}/mod.rs")
+            if found or parts:
+                return found
+        return self._exact(posixpath.join(stem, "lib.rs"), posixpath.join(stem, "main.rs"))
+
+    @staticmethod
+    def _rust_module_dir(path: str) -> str:
+        """Where a file's child modules live: ``src/a.rs`` and ``src/a/mod.rs`` -> ``src/a``."""
+        directory, name = posixpath.split(path)
+        if name in ("mod.rs", "lib.rs", "main.rs"):
+            return directory
+        return posixpath.join(directory, name[: -len(".rs")] if name.endswith(".rs") else name)
+
+    def _rust_crate_dir(self, path: str) -> str | None:
+        """The nearest directory above ``path`` holding lib.rs or main.rs (a crate root)."""
+        directory = posixpath.dirname(path)
+        while True:
+            roots = (posixpath.join(directory, "lib.rs"), posixpath.join(directory, "main.rs"))
+            if self._exact(*roots):
+                return directory
+            if not directory:
+                return None
+            directory = posixpath.dirname(directory)
 
     _JS_EXTENSIONS = (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx", ".mts", ".cts", ".d.ts")
     _TS_EXTENSIONS = (".ts", ".tsx", ".d.ts", ".mts", ".cts", ".js", ".jsx", ".mjs", ".cjs")

@@ -50,6 +50,9 @@ class LanguageSpec:
     comment_types: frozenset[str] = frozenset({"comment"})
     # How to read a definition's name when the ``name`` field does not hold it.
     name_of: Callable[[object], str | None] | None = field(default=None, compare=False)
+    # The type a top-level function belongs to, when the language declares methods outside
+    # their type (Go receivers): the chunk becomes the method ``Owner.name``.
+    owner_of: Callable[[object], str | None] | None = field(default=None, compare=False)
     # Query files compiled together (TSX reuses TypeScript's); default: the language's own.
     query_files: tuple[str, ...] = ()
 
@@ -71,11 +74,28 @@ def _loader(module: str, function: str = "language"):
 
 
 def _go_name(node) -> str | None:
-    """Go methods are qualified by their receiver type: ``(s *Server) Serve`` -> ``Server``."""
+    """A type declaration is named by its (first) type spec."""
     if node.type == "type_declaration":
         spec = next((c for c in node.named_children if c.type in ("type_spec", "type_alias")), None)
         return _node_name(spec) if spec is not None else None
     return _node_name(node)
+
+
+def _go_receiver(node) -> str | None:
+    """Go methods are qualified by their receiver type: ``(s *Server[T]) Serve`` -> ``Server``."""
+    receiver = node.child_by_field_name("receiver")
+    if node.type != "method_declaration" or receiver is None:
+        return None
+    parameter = next(
+        (c for c in receiver.named_children if c.type == "parameter_declaration"), None
+    )
+    target = parameter.child_by_field_name("type") if parameter is not None else None
+    while target is not None and target.type in ("pointer_type", "generic_type",
+                                                 "parenthesized_type"):
+        target = target.child_by_field_name("type") or next(iter(target.named_children), None)
+    if target is None or target.type != "type_identifier":
+        return None
+    return target.text.decode("utf-8", "replace")
 
 
 def _c_name(node) -> str | None:
@@ -116,8 +136,12 @@ def _js_name(node) -> str | None:
 
 
 def _rust_name(node) -> str | None:
+    """An impl block is named by the type it implements: ``impl<T> Tr for &a::Foo<T>`` -> Foo."""
     if node.type == "impl_item":
         target = node.child_by_field_name("type")
+        while target is not None and target.type in ("generic_type", "reference_type",
+                                                     "pointer_type", "scoped_type_identifier"):
+            target = target.child_by_field_name("type") or target.child_by_field_name("name")
         return target.text.decode("utf-8", "replace") if target is not None else None
     return _node_name(node)
 
@@ -190,16 +214,18 @@ GO = LanguageSpec(
     function_types=frozenset({"function_declaration", "method_declaration"}),
     class_types=frozenset({"type_declaration"}),
     name_of=_go_name,
+    owner_of=_go_receiver,
 )
 
 RUST = LanguageSpec(
     name="rust",
     extensions=(".rs",),
     load=_loader("tree_sitter_rust"),
-    function_types=frozenset({"function_item", "function_signature_item"}),
+    function_types=frozenset({"function_item", "function_signature_item", "macro_definition"}),
     class_types=frozenset({"impl_item", "trait_item", "struct_item", "enum_item", "union_item"}),
     namespace_types=frozenset({"mod_item"}),
-    comment_types=frozenset({"line_comment", "block_comment"}),
+    # Attributes (``#[derive(..)]``) sit above an item like comments and travel with it.
+    comment_types=frozenset({"line_comment", "block_comment", "attribute_item"}),
     name_of=_rust_name,
 )
 
