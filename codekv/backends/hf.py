@@ -122,6 +122,11 @@ class HFBackend:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids (as ``tokenize``) and each token's character span in ``text``."""
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return encoded["input_ids"], [tuple(span) for span in encoded["offset_mapping"]]
+
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
@@ -154,6 +159,24 @@ class HFBackend:
             keys.append(torch.cat((rotated, passed), dim=-1) if passed.shape[-1] else rotated)
         return ChunkKV(keys, kv.values, start)
 
+    @torch.inference_mode()
+    def kv_deviation(self, token_ids: list[int], context: ChunkKV, layer: int = 1) -> torch.Tensor:
+        """Per-position distance between reused values and fresh ones at ``layer`` (CacheBlend).
+
+        Runs all tokens through the first ``layer + 1`` layers only.
+        """
+        base = self.model.base_model
+        layers = base.layers
+        base.layers = layers[: layer + 1]
+        try:
+            cache = DynamicCache(config=self.config)
+            base(input_ids=torch.tensor([token_ids], device=self.device), past_key_values=cache,
+                 use_cache=True)
+        finally:
+            base.layers = layers
+        fresh = cache.layers[layer].values[0]
+        return (fresh - context.values[layer]).float().norm(dim=-1).sum(dim=0).cpu()
+
     # -- requests ------------------------------------------------------------------------
     @torch.inference_mode()
     def full_prefill(self, token_ids: list[int]) -> RequestState:
@@ -179,7 +202,6 @@ class HFBackend:
             selected.append(n - 1)  # its output is the next-token prediction
         positions = selected + list(range(n, n + len(query_ids)))
         input_ids = [context_ids[p] for p in selected] + list(query_ids)
-        m = len(positions)
         pos = torch.tensor(positions, device=self.device)
         stale = torch.zeros(n, dtype=torch.bool, device=self.device)
         stale[torch.tensor(selected, dtype=torch.long, device=self.device)] = True

@@ -1,0 +1,448 @@
+"""``Composer``: build a request's KV state from cached chunk KV instead of a full prefill.
+
+Per request: an optional exact prefix (served by an exact-prefix cache with its own keys and
+counters), an ordered list of chunks (code chunks from the index, or free text passages and
+tool docs), and the query. Each chunk's KV is fetched from the chunk store (computed alone and
+stored on a miss), re-positioned to its offset, a selected set of tokens is recomputed with the
+query against the whole context, and the result is committed into a fresh request state only
+when every step succeeded. Cached entries are never mutated. The result says what it is:
+``exact-prefix``, ``composed`` or ``full-prefill`` - a composed state is never an exact hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from codekv import paths
+from codekv.backends import ChunkKV, UnsupportedModel
+from codekv.chunks import Chunk
+from codekv.gate import SupportGate
+from codekv.kvstore import KVEntry, KVKey, LocalKVStore, token_hash
+from codekv.selection import SelectionContext, Segment, TokenAnchor, strategy as make_strategy
+
+EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
+# Workloads the gate knows, by what a request's chunks are.
+WORKLOADS = {"code": "code-qa", "passage": "rag", "tool-doc": "tool-docs"}
+ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
+
+
+@dataclass(frozen=True)
+class Passage:
+    """Free text reused like a chunk: a retrieved passage or a tool's documentation."""
+
+    text: str
+    name: str = ""
+    kind: str = "passage"  # or "tool-doc"
+
+
+@dataclass
+class Report:
+    status: str = FULL_PREFILL
+    strategy: str = ""
+    ratio: float = 0.0
+    total_tokens: int = 0
+    prefix_tokens: int = 0
+    context_tokens: int = 0
+    query_tokens: int = 0
+    reused_tokens: int = 0
+    recomputed_tokens: int = 0
+    recompute_ratio: float = 0.0
+    chunk_hits: int = 0
+    chunk_misses: int = 0
+    exact_prefix_hit: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    ttft_s: float = 0.0
+    fallback_reason: str | None = None
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ComposeResult:
+    status: str
+    report: Report
+    state: object  # the backend's request state
+    backend: object = field(repr=False)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.state.token_ids
+
+    def next_token_logits(self) -> torch.Tensor:
+        return self.state.logits
+
+    def generate(self, max_new_tokens: int = 64) -> str:
+        return self.backend.detokenize(self.backend.generate(self.state, max_new_tokens))
+
+    def score(self, target: str) -> float:
+        """Mean NLL (nats/token) of ``target`` following the request."""
+        return self.backend.score(self.state, self.backend.tokenize(target))
+
+
+@dataclass
+class Counters:
+    """Exact-prefix and composed paths are counted apart, never mixed."""
+
+    exact_prefix_hits: int = 0
+    exact_prefix_misses: int = 0
+    composed: int = 0
+    full_prefill: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+
+class ExactPrefixCache:
+    """Exact-prefix KV keyed by the hash of the prefix's token ids (plus model and tokenizer).
+
+    Its own namespace: composed states never populate or answer it.
+    """
+
+    def __init__(self, max_entries: int = 16):
+        self.entries: OrderedDict[str, ChunkKV] = OrderedDict()
+        self.max_entries = max_entries
+
+    @staticmethod
+    def key(model: str, tokenizer: str, token_ids: list[int]) -> str:
+        return hashlib.sha256(f"{model}:{tokenizer}:{token_hash(token_ids)}".encode()).hexdigest()
+
+    def get(self, key: str) -> ChunkKV | None:
+        kv = self.entries.get(key)
+        if kv is not None:
+            self.entries.move_to_end(key)
+        return kv
+
+    def put(self, key: str, kv: ChunkKV) -> None:
+        self.entries[key] = kv
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
+
+
+@dataclass
+class _Piece:
+    """A chunk of the request, tokenized, with its identity and anchors in token positions."""
+
+    ids: list[int]
+    identity: str
+    kind: str  # "code", "passage" or "tool-doc"
+    chunk_id: str | None
+    anchors: list[TokenAnchor]
+    provenance: dict
+
+
+class Composer:
+    """Composes requests for one backend; agents call ``compose`` once per task."""
+
+    def __init__(
+        self,
+        backend,
+        index=None,
+        store: LocalKVStore | None = None,
+        scope: str | None = None,
+        gate: SupportGate | None = None,
+        experimental: bool = False,
+    ):
+        self.backend = backend
+        self.index = index
+        self.store = store or LocalKVStore(paths.home() / "kv")
+        self.scope = scope or default_scope(index)
+        self.gate = gate or SupportGate.load()
+        self.experimental = experimental
+        self.prefix_cache = ExactPrefixCache()
+        self.counters = Counters()
+
+    # -- public API ----------------------------------------------------------------------
+    def compose(
+        self,
+        chunks: list,
+        query: str,
+        prefix: str | None = None,
+        strategy: str = "anchors",
+        ratio: float = 0.15,
+        max_new_tokens: int = 0,
+    ) -> ComposeResult:
+        """Build the request state for ``prefix + chunks + query``.
+
+        ``chunks`` holds ``Chunk`` objects, chunk ids, ``"path"`` / ``"path::qualname"``
+        strings (these need an index) or ``Passage`` objects, in request order.
+        """
+        started = time.perf_counter()
+        report = Report(strategy=strategy, ratio=ratio)
+        selection = make_strategy(strategy)
+        prefix_ids = self.backend.tokenize(prefix) if prefix else []
+        pieces = self._pieces(chunks)
+        query_ids = self.backend.tokenize(query)
+        context_ids = prefix_ids + [t for piece in pieces for t in piece.ids]
+        report.prefix_tokens = len(prefix_ids)
+        report.context_tokens = len(context_ids)
+        report.query_tokens = len(query_ids)
+        report.total_tokens = len(context_ids) + len(query_ids)
+        limit = self.backend.info.max_positions
+        if report.total_tokens + max_new_tokens > limit:
+            raise ValueError(
+                f"request of {report.total_tokens} tokens (+{max_new_tokens} to generate) exceeds "
+                f"the model's {limit} positions"
+            )
+        reason = self._refusal(pieces)
+        if reason is None:
+            try:
+                state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report)
+            except (UnsupportedModel, RuntimeError, ValueError) as error:
+                reason = f"composition failed: {error}"
+            else:
+                report.status = COMPOSED if pieces else EXACT_PREFIX
+                if pieces:
+                    self.counters.composed += 1
+                return self._finish(state, report, started)
+        # Fallback: full prefill of exactly the same tokens, with the reason.
+        report.fallback_reason = reason
+        self.counters.full_prefill += 1
+        key = reason.split(":")[0]
+        self.counters.fallbacks[key] = self.counters.fallbacks.get(key, 0) + 1
+        report.reused_tokens = 0
+        report.recomputed_tokens = len(context_ids)
+        report.recompute_ratio = 1.0 if context_ids else 0.0
+        t0 = time.perf_counter()
+        state = self.backend.full_prefill(context_ids + query_ids)
+        report.timings["full_prefill"] = time.perf_counter() - t0
+        report.status = FULL_PREFILL
+        return self._finish(state, report, started)
+
+    def full_prefill(self, chunks: list, query: str, prefix: str | None = None) -> ComposeResult:
+        """The reference: full prefill of the same token sequence ``compose`` would build."""
+        started = time.perf_counter()
+        prefix_ids = self.backend.tokenize(prefix) if prefix else []
+        ids = prefix_ids + [t for p in self._pieces(chunks) for t in p.ids]
+        query_ids = self.backend.tokenize(query)
+        report = Report(status=FULL_PREFILL, strategy="full", total_tokens=len(ids) + len(query_ids),
+                        context_tokens=len(ids), query_tokens=len(query_ids),
+                        prefix_tokens=len(prefix_ids), recomputed_tokens=len(ids),
+                        recompute_ratio=1.0 if ids else 0.0)
+        state = self.backend.full_prefill(ids + query_ids)
+        return self._finish(state, report, started)
+
+    def prefill(self, chunks: list) -> tuple[int, int]:
+        """Fill the chunk store; returns (computed, already cached)."""
+        computed = cached = 0
+        for piece in self._pieces(chunks):
+            key = self._key(piece)
+            if self.store.contains(key):
+                cached += 1
+                continue
+            self._chunk_kv(piece, key)
+            computed += 1
+        return computed, cached
+
+    # -- steps ---------------------------------------------------------------------------
+    def _refusal(self, pieces: list[_Piece]) -> str | None:
+        info = self.backend.info
+        if info.unsupported:
+            return f"unsupported: {info.unsupported}"
+        if self.experimental or not pieces:
+            return None
+        for workload in sorted({WORKLOADS[p.kind] for p in pieces}):
+            verdict = self.gate.verdict(info.family, workload)
+            if not verdict.allowed:
+                return verdict.reason
+        return None
+
+    def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report):
+        timings = report.timings
+        t0 = time.perf_counter()
+        parts: list[ChunkKV] = []
+        if prefix_ids:
+            key = ExactPrefixCache.key(
+                self.backend.info.fingerprint, self.backend.info.tokenizer_fingerprint, prefix_ids
+            )
+            prefix_kv = self.prefix_cache.get(key)
+            report.exact_prefix_hit = prefix_kv is not None
+            if prefix_kv is None:
+                self.counters.exact_prefix_misses += 1
+                prefix_kv = self.backend.prefill_chunk(prefix_ids)
+                self.prefix_cache.put(key, prefix_kv)
+            else:
+                self.counters.exact_prefix_hits += 1
+            parts.append(prefix_kv)
+        timings["exact_prefix"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cached = []
+        for piece in pieces:
+            kv, hit = self._chunk_kv(piece, self._key(piece))
+            report.chunk_hits += hit
+            report.chunk_misses += not hit
+            cached.append(kv)
+        timings["store_load"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        segments = []
+        offset = len(prefix_ids)
+        for piece, kv in zip(pieces, cached):
+            parts.append(self.backend.reposition(kv, offset) if selection.reposition else kv)
+            segments.append(Segment(offset, len(piece.ids), piece.chunk_id, piece.anchors))
+            offset += len(piece.ids)
+        context = _concat(parts)
+        timings["reposition"] = time.perf_counter() - t0
+        context_ids = prefix_ids + [t for p in pieces for t in p.ids]
+        budget = round(ratio * (len(context_ids) - len(prefix_ids)))
+        deviation_cache: list[torch.Tensor] = []
+
+        def deviation() -> torch.Tensor:
+            if not deviation_cache:
+                t = time.perf_counter()
+                deviation_cache.append(self.backend.kv_deviation(context_ids, context))
+                timings["deviation"] = time.perf_counter() - t
+            return deviation_cache[0]
+
+        selection_context = SelectionContext(
+            len(context_ids), len(prefix_ids), segments, budget, deviation
+        )
+        t0 = time.perf_counter()
+        selected = selection.select(selection_context)
+        timings["select"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        state = self.backend.recompute(context_ids, context, selected, query_ids)
+        timings["recompute"] = time.perf_counter() - t0
+        n_chunk_tokens = len(context_ids) - len(prefix_ids)
+        report.recomputed_tokens = len(selected)
+        report.reused_tokens = n_chunk_tokens - len(selected)
+        report.recompute_ratio = len(selected) / n_chunk_tokens if n_chunk_tokens else 0.0
+        return state
+
+    def _finish(self, state, report: Report, started: float) -> ComposeResult:
+        report.ttft_s = time.perf_counter() - started
+        report.timings = {k: round(v, 4) for k, v in report.timings.items()}
+        return ComposeResult(report.status, report, state, self.backend)
+
+    def _key(self, piece: _Piece) -> KVKey:
+        info = self.backend.info
+        return KVKey(self.scope, info.fingerprint, info.tokenizer_fingerprint, piece.identity,
+                     token_hash(piece.ids))
+
+    def _chunk_kv(self, piece: _Piece, key: KVKey) -> tuple[ChunkKV, bool]:
+        entry = self.store.get(key)
+        if entry is not None:
+            return ChunkKV(entry.keys, entry.values, 0), True
+        kv = self.backend.prefill_chunk(piece.ids)
+        provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
+                          n_tokens=len(piece.ids), created=time.time(),
+                          anchor_positions=[[a.kind, a.start, a.end] for a in piece.anchors])
+        self.store.put(key, KVEntry([k.contiguous() for k in kv.keys],
+                                    [v.contiguous() for v in kv.values], provenance))
+        return kv, False
+
+    # -- request pieces ------------------------------------------------------------------
+    def _pieces(self, chunks: list) -> list[_Piece]:
+        return [self._piece(item) for item in chunks]
+
+    def _piece(self, item) -> _Piece:
+        if isinstance(item, Passage):
+            text = item.text if item.text.endswith("\n") else item.text + "\n"
+            ids = self.backend.tokenize(text + "\n")
+            identity = "text:" + hashlib.sha256(text.encode()).hexdigest()
+            return _Piece(ids, identity, item.kind, None, [],
+                          {"kind": item.kind, "name": item.name})
+        chunk = self._resolve_chunk(item)
+        return self._code_piece(chunk)
+
+    def _resolve_chunk(self, item) -> Chunk:
+        if isinstance(item, Chunk):
+            return item
+        if self.index is None:
+            raise ValueError(f"chunk {item!r} needs an index to resolve")
+        if not _is_chunk_id(item):
+            path, _, qualname = item.partition("::")
+            found = self.index.find(path, qualname or None)
+            if not found:
+                raise KeyError(f"no chunk matches {item!r} in {self.index.root}")
+            if len(found) > 1:
+                return _join(found)
+            return found[0]
+        return self.index.chunk(item)
+
+    def _code_piece(self, chunk: Chunk) -> _Piece:
+        header = f"# {chunk.path}\n"
+        code = self.index.text(chunk) if self.index is not None else None
+        if code is None:
+            raise ValueError(f"chunk {chunk.id} has no text source")
+        body = code.decode("utf-8", "replace")
+        text = header + body + "\n\n"
+        ids, offsets = self.backend.tokenize_with_offsets(text)
+        anchors = []
+        if self.index is not None:
+            char_at = _byte_to_char(code)
+            for anchor in self.index.anchors(chunk):
+                start = len(header) + char_at(anchor.start_byte - chunk.start_byte)
+                end = len(header) + char_at(anchor.end_byte - chunk.start_byte)
+                tokens = _tokens_in(offsets, start, end)
+                if tokens:
+                    first, last = tokens
+                    target = self._use_target(chunk, anchor) if anchor.kind == "use" else None
+                    anchors.append(TokenAnchor(anchor.kind, anchor.name, first,
+                                               min(last, first + ANCHOR_TOKENS), target))
+        identity = f"chunk:{chunk.blob_hash}:{chunk.start_byte}:{chunk.end_byte}:{chunk.path}"
+        provenance = {"kind": "code", "repository": getattr(self.index, "root", None),
+                      "path": chunk.path, "blob": chunk.blob_hash, "chunk": chunk.id,
+                      "name": chunk.qualname}
+        return _Piece(ids, identity, "code", chunk.id, anchors, provenance)
+
+    def _use_target(self, chunk: Chunk, anchor) -> str | None:
+        for use in self.index.uses(chunk):
+            if use.start_byte == anchor.start_byte and use.end_byte == anchor.end_byte:
+                return use.target
+        return None
+
+
+def default_scope(index) -> str:
+    """One scope per repository: a request only ever sees chunk KV of its own repository."""
+    if index is None:
+        return "default"
+    return "repo:" + hashlib.sha256(str(Path(index.root)).encode()).hexdigest()[:16]
+
+
+def _concat(parts: list[ChunkKV]) -> ChunkKV:
+    n_layers = len(parts[0].keys)
+    keys = [torch.cat([p.keys[layer] for p in parts], dim=1) for layer in range(n_layers)]
+    values = [torch.cat([p.values[layer] for p in parts], dim=1) for layer in range(n_layers)]
+    return ChunkKV(keys, values, 0)
+
+
+def _join(chunks: list[Chunk]) -> Chunk:
+    """The pieces of one split definition requested by name, as one span of its file."""
+    first, last = chunks[0], chunks[-1]
+    anchors = [a for c in chunks for a in c.anchors]
+    return Chunk(
+        id=first.id, blob_hash=first.blob_hash, language=first.language, kind=first.kind,
+        name=first.name, qualname=first.qualname, parent=first.parent, part=0,
+        start_byte=first.start_byte, end_byte=last.end_byte, start_line=first.start_line,
+        end_line=last.end_line, n_tokens=sum(c.n_tokens for c in chunks), anchors=anchors,
+        path=first.path,
+    )
+
+
+def _is_chunk_id(text: str) -> bool:
+    return len(text) == 24 and all(c in "0123456789abcdef" for c in text)
+
+
+def _byte_to_char(data: bytes):
+    """Byte offset -> character offset in ``data`` decoded as UTF-8 (identity for ASCII)."""
+    if data.isascii():
+        return lambda offset: offset
+    return lambda offset: len(data[:offset].decode("utf-8", "replace"))
+
+
+def _tokens_in(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """The [first, last) token indices overlapping characters [start, end)."""
+    first = last = None
+    for index, (a, b) in enumerate(offsets):
+        if b > start and a < end:
+            if first is None:
+                first = index
+            last = index + 1
+        elif a >= end:
+            break
+    return (first, last) if first is not None else None

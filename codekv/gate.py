@@ -1,0 +1,52 @@
+"""The support gate: composition runs only where measured evidence says it keeps quality.
+
+The support file (written by ``codekv eval --write-gate``) holds, per (model family, workload),
+the thresholds, the measured values, the best strategy and ratio, and a verdict. A pair with no
+entry, or a failed one, is unsupported: the composer falls back to full prefill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+SUPPORT_ENV = "CODEKV_SUPPORT"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    reason: str
+    strategy: str | None = None
+    ratio: float | None = None
+
+
+class SupportGate:
+    def __init__(self, entries: list[dict] | None = None, source: str = "none"):
+        self.entries = entries or []
+        self.source = source
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> SupportGate:
+        """The support file at ``path``, ``$CODEKV_SUPPORT``, else the one shipped with codekv."""
+        path = path or os.environ.get(SUPPORT_ENV)
+        if path:
+            text, source = Path(path).read_text(), str(path)
+        else:
+            shipped = resources.files("codekv").joinpath("data", "support.json")
+            if not shipped.is_file():
+                return cls([], "no support file")
+            text, source = shipped.read_text(), "codekv/data/support.json"
+        data = json.loads(text)
+        return cls(data.get("entries", []), source)
+
+    def verdict(self, family: str, workload: str) -> Verdict:
+        for entry in self.entries:
+            if entry.get("family") == family and entry.get("workload") == workload:
+                if entry.get("passed"):
+                    return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"))
+                return Verdict(False, f"unsupported: {family}/{workload} failed its evaluation")
+        return Verdict(False, f"unsupported: no evidence for {family}/{workload} ({self.source})")

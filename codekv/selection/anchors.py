@@ -1,0 +1,64 @@
+"""Code-anchor selection: boundaries, then cross-chunk def-use sites, then ranked anchors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codekv.selection.base import SelectionContext, Strategy, boundary_positions, take
+from codekv.selection.deviation import top_deviation
+
+# After def-use sites, anchors by how much they shape what follows.
+KIND_RANK = {"call": 0, "return": 1, "branch": 2, "assign": 3, "def": 4, "import": 5, "use": 6}
+
+
+def anchor_positions(context: SelectionContext) -> list[int]:
+    """Anchor token positions in priority order: def-use sites linking chunks of this request
+    first (the use and the definition it resolves to), then the other anchors by kind."""
+    present = context.request_chunks()
+    used_names: dict[str, set[str]] = {}
+    cross: list[int] = []
+    for segment in context.segments:
+        for anchor in segment.anchors:
+            if anchor.kind == "use" and anchor.target in present and anchor.target != segment.chunk_id:
+                cross.extend(range(segment.start + anchor.start, segment.start + anchor.end))
+                used_names.setdefault(anchor.target, set()).add(anchor.name)
+    defs: list[int] = []
+    ranked: list[tuple[int, int, int]] = []
+    for segment in context.segments:
+        names = used_names.get(segment.chunk_id, set())
+        for anchor in segment.anchors:
+            span = range(segment.start + anchor.start, segment.start + anchor.end)
+            if anchor.kind == "def" and anchor.name in names:
+                defs.extend(span)
+            elif anchor.kind in KIND_RANK:
+                ranked.extend((KIND_RANK[anchor.kind], p, 0) for p in span)
+    ranked.sort()
+    return cross + defs + [position for _, position, _ in ranked]
+
+
+@dataclass
+class AnchorSelection(Strategy):
+    """Boundary tokens, then the def-use sites present in this request, then ranked anchors."""
+
+    name = "anchors"
+    boundary_per_chunk: int = 16
+
+    def select(self, context: SelectionContext) -> list[int]:
+        boundary = take(boundary_positions(context, self.boundary_per_chunk), context.budget // 2)
+        return sorted(take(anchor_positions(context), context.budget, boundary))
+
+
+@dataclass
+class HybridSelection(Strategy):
+    """Half the budget by anchors (boundaries first), the rest by KV deviation."""
+
+    name = "hybrid"
+    boundary_per_chunk: int = 16
+
+    def select(self, context: SelectionContext) -> list[int]:
+        half = context.budget // 2
+        boundary = take(boundary_positions(context, self.boundary_per_chunk), half // 2)
+        chosen = take(anchor_positions(context), half, boundary)
+        if context.deviation is not None:
+            chosen += top_deviation(context, context.budget - len(chosen), exclude=set(chosen))
+        return sorted(chosen)

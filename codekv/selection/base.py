@@ -1,0 +1,79 @@
+"""What a selection strategy sees of a request, and the interface it implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenAnchor:
+    """An anchor as token positions inside its segment: [start, end)."""
+
+    kind: str
+    name: str
+    start: int
+    end: int
+    target: str | None = None  # for ``use``: the chunk id defining the name
+
+
+@dataclass
+class Segment:
+    """One composed chunk: where it sits in the context and what it holds."""
+
+    start: int  # absolute position of its first token
+    length: int
+    chunk_id: str | None = None
+    anchors: list[TokenAnchor] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass
+class SelectionContext:
+    n_context: int  # positions 0 .. n_context-1 (an exact prefix included)
+    prefix_length: int  # positions below it come from an exact prefix: never recomputed
+    segments: list[Segment]
+    budget: int  # how many context tokens may be recomputed
+    # Per-position KV deviation of the reused state from a fresh one (CacheBlend), on demand.
+    deviation: Callable[[], torch.Tensor] | None = None
+
+    def request_chunks(self) -> set[str]:
+        return {s.chunk_id for s in self.segments if s.chunk_id}
+
+
+class Strategy:
+    """A selection rule: which context positions to recompute within ``context.budget``."""
+
+    name: str = ""
+    reposition: bool = True  # False only for the evaluation's "not re-positioned" baseline
+
+    def select(self, context: SelectionContext) -> list[int]:
+        raise NotImplementedError
+
+
+def take(ordered, budget: int, chosen: list[int] | None = None) -> list[int]:
+    """Add positions in order, skipping repeats, until ``budget`` positions are chosen."""
+    chosen = list(chosen or [])
+    seen = set(chosen)
+    for position in ordered:
+        if len(chosen) >= budget:
+            break
+        if position not in seen:
+            seen.add(position)
+            chosen.append(position)
+    return chosen
+
+
+def boundary_positions(context: SelectionContext, per_chunk: int) -> list[int]:
+    """The first ``per_chunk`` tokens of each chunk that follows other context (EPIC)."""
+    positions = []
+    for segment in context.segments:
+        if segment.start == 0:
+            continue  # nothing precedes it: its KV computed alone is already exact
+        positions.extend(range(segment.start, min(segment.end, segment.start + per_chunk)))
+    return positions
