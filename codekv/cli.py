@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -34,13 +35,28 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-def _open_index(repo, store, **options):
+def _budget_option(function):
+    return click.option(
+        "--budget", default=DEFAULT_BUDGET, show_default=True, help="Tokens per chunk."
+    )(function)
+
+
+@contextmanager
+def _opened_index(repo, store, **options):
+    """The repository's Index, closed afterwards; a missing repository or a damaged index
+    database (found on opening or on any later read) is a one-line error, not a traceback."""
     from codekv.index import Index
 
     try:
-        return Index(repo, store=store, **options)
+        idx = Index(repo, store=store, **options)
     except (NotARepositoryError, CorruptIndexError) as error:
         raise click.ClickException(str(error)) from error
+    try:
+        yield idx
+    except CorruptIndexError as error:
+        raise click.ClickException(str(error)) from error
+    finally:
+        idx.close()
 
 
 def _resolve_repo(repo: str | None, stdlib: bool) -> str:
@@ -58,7 +74,7 @@ def _resolve_repo(repo: str | None, stdlib: bool) -> str:
 @_store_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--rebuild", is_flag=True, help="Delete the index database and build it afresh.")
-@click.option("--budget", default=DEFAULT_BUDGET, show_default=True, help="Tokens per chunk.")
+@_budget_option
 @click.option("--workers", type=int, default=None, help="Parser processes (default: cores).")
 @click.option("--include-secrets", is_flag=True, help="Also index .env, keys and the like.")
 @click.option("--include-ignored", is_flag=True, help="Also index files git ignores.")
@@ -72,18 +88,12 @@ def index(repo, stdlib, store, as_json, rebuild, budget, workers, include_secret
         database = (store or home()) / INDEX_FILE
         for suffix in ("", "-wal", "-shm"):
             Path(f"{database}{suffix}").unlink(missing_ok=True)
-    idx = _open_index(
-        repo, store, budget=budget, include_secrets=include_secrets, include_ignored=include_ignored
-    )
-    try:
+    options = dict(budget=budget, include_secrets=include_secrets, include_ignored=include_ignored)
+    with _opened_index(repo, store, **options) as idx:
         if as_json or not sys.stderr.isatty():
             summary = idx.update(workers=workers)
         else:
             summary = _update_with_progress(idx, workers)
-    except CorruptIndexError as error:
-        raise click.ClickException(str(error)) from error
-    finally:
-        idx.close()
     if as_json:
         click.echo(json.dumps(summary.as_json()))
     else:
@@ -134,31 +144,127 @@ def _print_summary(summary) -> None:
 @click.argument("repo")
 @click.argument("target")
 @_store_option
-def show(repo, target, store):
+@_budget_option
+def show(repo, target, store, budget):
     """Show the chunks of PATH[::QUALNAME] with anchors marked and def-use neighbours."""
     from codekv.show import render_chunks
 
     path, _, qualname = target.partition("::")
-    idx = _open_index(repo, store)
-    try:
-        if not idx.files():
-            idx.update()
+    with _opened_index(repo, store, budget=budget) as idx:
+        # Incremental (nothing changed: nothing parsed); without it a file edited since the
+        # last index would be shown from a snapshot whose blob is no longer on disk.
+        idx.update()
         chunks = idx.find(path, qualname or None)
         if not chunks:
             raise click.ClickException(f"no chunk matches {target!r}; is it indexed?")
         render_chunks(console, idx, chunks)
-    finally:
-        idx.close()
 
 
 @main.command()
 @click.argument("repo", required=False, default=".")
 @_store_option
-def gc(repo, store):
-    """Drop index entries no longer reachable from the repository's current snapshot."""
-    idx = _open_index(repo, store)
-    try:
+@_budget_option
+def gc(repo, store, budget):
+    """Drop index entries no longer reachable from the repository's current snapshot.
+
+    Blobs chunked with another budget (or an older chunker) count as unreachable.
+    """
+    with _opened_index(repo, store, budget=budget) as idx:
         removed = idx.gc()
-    finally:
-        idx.close()
     console.print(f"removed {removed} unreachable blob entries")
+
+
+@contextmanager
+def _composer(repo, store, model, experimental):
+    """An up-to-date index of ``repo`` and a Composer over it with the loaded model."""
+    from codekv.compose import Composer
+    from codekv.models import ModelLoadError, load_backend
+
+    with _opened_index(repo, store) as idx:
+        idx.update()
+        try:
+            with console.status("Loading the model..."):
+                backend = load_backend(model)
+        except ModelLoadError as error:
+            raise click.ClickException(str(error)) from error
+        yield idx, Composer(backend, idx, experimental=experimental)
+
+
+@main.command()
+@click.argument("repo", required=False, default=".")
+@click.option("--chunk", "chunks", multiple=True, required=True, help="PATH[::QUALNAME] or id.")
+@click.option("--query", required=True, help="The question or instruction after the chunks.")
+@click.option("--prefix", default=None, help="Exact prefix (system prompt, tool docs).")
+@click.option("--strategy", default="anchors", show_default=True,
+              type=click.Choice(["none", "none-norope", "boundary", "deviation", "anchors",
+                                 "hybrid", "all"]))
+@click.option("--ratio", default=0.15, show_default=True, help="Share of tokens to recompute.")
+@click.option("--max-new-tokens", default=48, show_default=True)
+@click.option("--model", default=None, help="Local HF model directory or GGUF file.")
+@click.option("--check", is_flag=True, help="Also run full prefill and compare.")
+@click.option("--experimental", is_flag=True, help="Compose even where the gate has no evidence.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_store_option
+def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model, check,
+            experimental, as_json, store):
+    """Answer QUERY over cached chunks composed in the given order."""
+    with _composer(repo, store, model, experimental) as (_, composer):
+        try:
+            result = composer.compose(list(chunks), query, prefix=prefix, strategy=strategy,
+                                      ratio=ratio, max_new_tokens=max_new_tokens)
+        except (KeyError, ValueError) as error:
+            raise click.ClickException(str(error).strip("'\"")) from error
+        answer = result.generate(max_new_tokens)
+        output = {"status": result.status, "answer": answer, "report": result.report.as_json()}
+        if check:
+            output["check"] = _check(composer, result, list(chunks), query, prefix)
+    if as_json:
+        click.echo(json.dumps(output))
+        return
+    console.print(f"[bold]status[/bold]: {output['status']}")
+    console.print(f"[bold]answer[/bold]: {answer}")
+    table = Table(show_header=False)
+    for key, value in output["report"].items():
+        table.add_row(key, str(value))
+    for key, value in output.get("check", {}).items():
+        table.add_row(f"check.{key}", str(value))
+    console.print(table)
+
+
+def _check(composer, result, chunks, query, prefix) -> dict:
+    """Full prefill of the same tokens: KL, max logit difference, top-1 agreement, speedup."""
+    import torch
+
+    full = composer.full_prefill(chunks, query, prefix=prefix)
+    reference = torch.log_softmax(full.next_token_logits(), -1)
+    composed = torch.log_softmax(result.next_token_logits(), -1)
+    return {
+        "kl": float((reference.exp() * (reference - composed)).sum()),
+        "max_logit_diff": float((full.next_token_logits() - result.next_token_logits()).abs().max()),
+        "top1_agree": bool(full.next_token_logits().argmax() == result.next_token_logits().argmax()),
+        "full_prefill_s": full.report.ttft_s,
+        "speedup": full.report.ttft_s / result.report.ttft_s if result.report.ttft_s else None,
+    }
+
+
+@main.command()
+@click.argument("repo", required=False, default=".")
+@click.option("--model", default=None, help="Local HF model directory or GGUF file.")
+@click.option("--limit", type=int, default=None, help="At most this many chunks.")
+@_store_option
+def prefill(repo, model, limit, store):
+    """Fill the chunk KV store for a repository's chunks."""
+    from rich.progress import Progress
+
+    with _composer(repo, store, model, experimental=True) as (idx, composer):
+        chunks = idx.chunks()[:limit] if limit else idx.chunks()
+        computed = cached = 0
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("Prefilling chunks", total=len(chunks))
+            for chunk in chunks:
+                made, had = composer.prefill([chunk])
+                computed, cached = computed + made, cached + had
+                progress.advance(task)
+    stats = composer.store.stats()
+    console.print(f"computed {computed}, already cached {cached}; store: {stats.entries} entries, "
+                  f"{stats.bytes / 1e6:.1f} MB")

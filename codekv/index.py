@@ -97,6 +97,7 @@ class Index:
         self.repo_id = self.store.repo_id(self.root)
         self._graph: DefUseGraph | None = None
         self._chunks: dict[str, Chunk] | None = None
+        self._uses: dict[str, list[Use]] | None = None
 
     # -- building ----------------------------------------------------------------------
     def update(self, workers: int | None = None, progress=None) -> IndexSummary:
@@ -126,6 +127,7 @@ class Index:
             summary.skipped = dict(Counter(skipped.values()))
             self._graph = None
             self._chunks = None
+            self._uses = None
             stats = self._stats(indexed)
         summary.syntax_errors = stats["syntax_errors"]
         summary.decode_errors = stats["decode_errors"]
@@ -282,9 +284,7 @@ class Index:
 
     def anchors(self, chunk: Chunk) -> list[Anchor]:
         """The chunk's static anchors plus its ``use`` anchors from the def-use graph."""
-        uses = [
-            Anchor("use", u.name, u.start_byte, u.end_byte) for u in self.graph.uses_in(chunk.id)
-        ]
+        uses = [Anchor("use", u.name, u.start_byte, u.end_byte) for u in self.uses(chunk)]
         return sorted(chunk.anchors + uses, key=lambda a: (a.start_byte, a.end_byte, a.kind))
 
     def depends_on(self, chunk: Chunk) -> list[Chunk]:
@@ -294,7 +294,19 @@ class Index:
         return [self.chunk(i) for i in self.graph.used_by(chunk.id)]
 
     def uses(self, chunk: Chunk) -> list[Use]:
-        return self.graph.uses_in(chunk.id)
+        """References in ``chunk`` resolved to other chunks; read from the snapshot's stored
+        graph when there is one, so a request does not rebuild the repository's graph."""
+        if self._uses is None:
+            files = self.files()
+            cached = self.store.graph_cache(self.repo_id, self._snapshot_key(files))
+            rows = cached[1] if cached is not None else [
+                [u.source, u.target, u.name, u.kind, u.start_byte, u.end_byte]
+                for u in self.graph.uses
+            ]
+            self._uses = {}
+            for row in rows:
+                self._uses.setdefault(row[0], []).append(Use(*row))
+        return self._uses.get(chunk.id, [])
 
     def gc(self) -> int:
         """Drop stored blobs no file of the last indexed snapshot points to; returns how many."""
