@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
+import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from codekv.chunks import Anchor, Chunk
 from codekv.gitrepo import SourceFile
 
 SCHEMA_VERSION = "1"
+LOCK_TIMEOUT = 60  # seconds a writer waits for another
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,6 +62,7 @@ CREATE TABLE IF NOT EXISTS graphs (
 TRANSIENT_REASONS = ("missing",)
 
 # SQLite's primary result codes for a damaged file; "database is locked" and the like are not.
+_SQLITE_BUSY = 5
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 
@@ -95,16 +98,32 @@ class IndexStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT, isolation_level=None)
             self.path.chmod(0o600)
-            self.db.execute("PRAGMA journal_mode=WAL")
+            self._while_busy(lambda: self.db.execute("PRAGMA journal_mode=WAL"))
             self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(SCHEMA)
+            self._while_busy(lambda: self.db.executescript(SCHEMA))
             self._check_version()
         except sqlite3.DatabaseError as error:
             if not _is_corrupt(error):
                 raise
             raise self._corrupt(error) from error
+
+    @staticmethod
+    def _while_busy(statement) -> None:
+        """Retry a statement SQLite refused as busy without waiting: two processes creating
+        the database at once both switch it to WAL, and one is told "database is locked"
+        at once (waiting could deadlock), not after the connection's timeout."""
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                statement()
+                return
+            except sqlite3.OperationalError as error:
+                code = getattr(error, "sqlite_errorcode", _SQLITE_BUSY) & 0xFF
+                if code != _SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _corrupt(self, error: Exception) -> CorruptIndexError:
         return CorruptIndexError(
