@@ -49,7 +49,8 @@ def render_chunks(console: Console, index, chunks) -> None:
             legend.append(f"{kind} {count}", style=ANCHOR_STYLES.get(kind, ""))
             legend.append("  ")
         neighbours = Text()
-        for label, others in (("depends on", index.depends_on(chunk)), ("used by", index.used_by(chunk))):
+        linked = (("depends on", index.depends_on(chunk)), ("used by", index.used_by(chunk)))
+        for label, others in linked:
             names = ", ".join(f"{c.path}::{c.qualname or c.kind}" for c in others[:12])
             more = f" (+{len(others) - 12} more)" if len(others) > 12 else ""
             neighbours.append(f"{label}: ", style="bold")
@@ -57,5 +58,6 @@ def render_chunks(console: Console, index, chunks) -> None:
         title = f"{chunk.path}::{chunk.qualname or chunk.kind}"
         if chunk.part:
             title += f" (part {chunk.part})"
-        subtitle = f"{chunk.kind} · lines {chunk.start_line}-{chunk.end_line} · {chunk.n_tokens} tokens · {chunk.id}"
+        lines = f"lines {chunk.start_line}-{chunk.end_line}"
+        subtitle = f"{chunk.kind} · {lines} · {chunk.n_tokens} tokens · {chunk.id}"
         console.print(Panel(Group(syntax, legend, neighbours), title=title, subtitle=subtitle))
