@@ -100,6 +100,11 @@ def scan(
         if flag & pygit2.GIT_STATUS_IGNORED and not include_ignored:
             _skip(snapshot, path.rstrip("/"), "ignored")
             continue
+        if path.endswith("/") and (root / path / ".git").exists():
+            # An untracked repository inside this one: git leaves it out (it would be a
+            # submodule), and its .git holds objects and config, not this repository's code.
+            _skip(snapshot, path.rstrip("/"), "nested-repository")
+            continue
         for file_path in _expand(root, path):
             full = root / file_path
             if full.is_symlink() or not full.is_file():
@@ -116,12 +121,11 @@ def scan(
 
 
 def _expand(root: Path, path: str) -> list[str]:
-    """Status names an ignored directory as ``dir/``: list its files."""
+    """Status names an ignored directory as ``dir/``: list its files, none inside a ``.git``."""
     if not path.endswith("/"):
         return [path]
-    return sorted(
-        p.relative_to(root).as_posix() for p in (root / path).rglob("*") if p.is_file()
-    )
+    found = (p.relative_to(root) for p in (root / path).rglob("*") if p.is_file())
+    return sorted(p.as_posix() for p in found if ".git" not in p.parts)
 
 
 def _walk(tree: pygit2.Tree, prefix: str, entries: dict) -> None:
