@@ -1,0 +1,309 @@
+"""The ``codekv`` command line: ``index`` (JSON and table), ``show``, ``gc``, its errors, and
+what happens when two runs overlap or one is killed midway."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+import codekv.index
+import codekv.tokens
+from codekv.cli import main
+from codekv.index import INDEX_FILE, Index
+from codekv.tokens import CounterSpec
+
+BYTES = CounterSpec("bytes")
+FILES = {
+    "util.py": "def helper(x):\n    return x + 1\n",
+    "app.py": "from util import helper\n\n\ndef run(x):\n    if x:\n        return helper(x)\n",
+    ".env": "TOKEN=hunter2\n",
+}
+SUMMARY_KEYS = {
+    "files",
+    "parsed",
+    "reused",
+    "skipped",
+    "chunks",
+    "anchors",
+    "graph_nodes",
+    "graph_edges",
+    "seconds",
+}
+
+# Runs the CLI in a fresh process with byte counting (no tokenizer conversion); ``--slow``
+# writes small batches with a pause after each, so a test can kill it between two.
+DRIVER = """
+import sys, time
+import codekv.index, codekv.storage, codekv.tokens
+bytes_spec = lambda: codekv.tokens.CounterSpec("bytes")
+codekv.index.default_counter_spec = codekv.tokens.default_counter_spec = bytes_spec
+if "--slow" in sys.argv:
+    sys.argv.remove("--slow")
+    codekv.index.BATCH = 4
+    put = codekv.storage.IndexStore.put_analyses
+    def slow_put(self, *args):
+        put(self, *args)
+        time.sleep(0.05)
+    codekv.storage.IndexStore.put_analyses = slow_put
+from codekv.cli import main
+main(sys.argv[1:], prog_name="codekv")
+"""
+
+
+@pytest.fixture(autouse=True)
+def byte_counter(monkeypatch):
+    """The CLI's default counter is the model tokenizer (seconds to convert): count bytes."""
+    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: BYTES, raising=False)
+    monkeypatch.setattr(codekv.tokens, "default_counter_spec", lambda: BYTES)
+
+
+@pytest.fixture
+def repo(git_repo):
+    git_repo.commit(FILES)
+    return git_repo
+
+
+@pytest.fixture
+def store(tmp_path):
+    return tmp_path / "store"
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def index_json(repo, store, *options) -> dict:
+    result = cli("index", repo.root, "--store", store, "--json", "--workers", 1, *options)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    return json.loads(lines[0])
+
+
+def test_index_json(repo, store):
+    summary = index_json(repo, store)
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["files"] == 3
+    assert (summary["parsed"], summary["reused"]) == (2, 0)
+    assert summary["skipped"] == {"secret": 1}
+    # util.py: helper; app.py: the import line, run.
+    assert summary["chunks"] == {"function": 2, "module": 1}
+    assert summary["anchors"] == {
+        "def": 2,
+        "call": 1,
+        "branch": 1,
+        "return": 2,
+        "import": 1,
+        "use": 1,
+    }
+    assert (summary["graph_nodes"], summary["graph_edges"]) == (3, 1)
+    assert isinstance(summary["seconds"], float) and summary["seconds"] >= 0
+    assert (store / INDEX_FILE).is_file()
+
+    again = index_json(repo, store)
+    assert (again["parsed"], again["reused"]) == (0, 2)
+    assert again["chunks"] == summary["chunks"] and again["anchors"] == summary["anchors"]
+
+
+def test_index_table(repo, store):
+    result = cli("index", repo.root, "--store", store, "--workers", 1)
+    assert result.exit_code == 0, result.output
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("│┃║ ").split("│")]
+        if len(cells) == 2:
+            rows[cells[0]] = cells[1]
+    assert rows["files scanned"] == "3"
+    assert rows["parsed"] == "2"
+    assert rows["skipped: secret"] == "1"
+    assert rows["chunks: function"] == "2"
+    assert rows["anchors: use"] == "1"
+    assert rows["graph edges"] == "1"
+
+
+def test_show_prints_chunk_and_neighbours(repo, store):
+    index_json(repo, store)
+    result = cli("show", repo.root, "app.py::run", "--store", store)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "def run(x):" in out and "return helper(x)" in out
+    assert "depends on: util.py::helper" in out
+    assert "used by: -" in out
+    assert "from util import" not in out  # another chunk
+
+    helper = cli("show", repo.root, "util.py::helper", "--store", store)
+    assert "used by: app.py::run" in helper.stdout
+
+
+def test_show_whole_file_and_unknown_target(repo, store):
+    result = cli("show", repo.root, "app.py", "--store", store)
+    assert result.exit_code == 0, result.output
+    assert "from util import helper" in result.stdout and "def run(x):" in result.stdout
+    missing = cli("show", repo.root, "app.py::nope", "--store", store)
+    assert missing.exit_code == 1
+    assert "no chunk matches 'app.py::nope'" in missing.output
+
+
+def test_show_follows_edits_made_after_indexing(repo, store):
+    index_json(repo, store)
+    repo.write({"app.py": FILES["app.py"].replace("helper(x)", "helper(x + 2)")})
+    result = cli("show", repo.root, "app.py::run", "--store", store)
+    assert result.exit_code == 0, result.output
+    assert "helper(x + 2)" in result.stdout
+
+
+def test_gc(repo, store):
+    index_json(repo, store)
+    repo.commit({"util.py": "def helper(x):\n    return x + 2\n"})
+    assert index_json(repo, store)["parsed"] == 1
+    result = cli("gc", repo.root, "--store", store)
+    assert result.exit_code == 0, result.output
+    assert "removed 1 unreachable blob entries" in result.stdout
+    assert "removed 0 " in cli("gc", repo.root, "--store", store).stdout
+    assert index_json(repo, store)["parsed"] == 0
+
+
+@pytest.mark.parametrize("command", ["index", "show", "gc"])
+def test_not_a_repository(tmp_path, store, command):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    args = [command, plain] + (["x.py"] if command == "show" else []) + ["--store", store]
+    result = cli(*args)
+    assert result.exit_code == 1
+    assert f"Error: {plain} is not inside a git repository" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_corrupt_database_then_rebuild(repo, store):
+    index_json(repo, store)
+    (store / INDEX_FILE).write_bytes(b"\x13garbage" * 1024)
+    result = cli("index", repo.root, "--store", store, "--json")
+    assert result.exit_code == 1
+    assert "unreadable" in result.output and "codekv index --rebuild" in result.output
+    for command in (["show", repo.root, "app.py"], ["gc", repo.root]):
+        assert cli(*command, "--store", store).exit_code == 1
+
+    rebuilt = index_json(repo, store, "--rebuild")
+    assert (rebuilt["parsed"], rebuilt["reused"], rebuilt["graph_edges"]) == (2, 0, 1)
+    assert index_json(repo, store)["parsed"] == 0
+
+
+def test_damaged_pages_are_an_error_not_a_traceback(git_repo, store):
+    git_repo.commit({f"m{i}.py": f"def f{i}():\n    return {i}\n" * 20 for i in range(30)})
+    index_json(git_repo, store)
+    database = store / INDEX_FILE
+    data = bytearray(database.read_bytes())
+    data[3 * 4096 :] = b"\xa5" * (len(data) - 3 * 4096)
+    database.write_bytes(bytes(data))
+    git_repo.commit({"new.py": "x = 1\n"})
+    result = cli("index", git_repo.root, "--store", store, "--workers", 1)
+    assert result.exit_code == 1, result.output
+    assert "codekv index --rebuild" in result.output
+    assert index_json(git_repo, store, "--rebuild")["parsed"] == 31
+
+
+# -- separate processes ------------------------------------------------------------------
+
+
+def many_files(git_repo, count: int) -> None:
+    body = "def f{i}_{j}(x):\n    if x > {j}:\n        return g{i}(x)\n    return x\n\n\n"
+    files = {
+        f"pkg/m{i}.py": "".join(body.format(i=i, j=j) for j in range(12)) + f"def g{i}(x):\n"
+        "    return x\n"
+        for i in range(count)
+    }
+    git_repo.commit(files)
+
+
+def spawn(tmp_path, repo, store, *extra) -> subprocess.Popen:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    args = [sys.executable, str(script), "index", str(repo.root), "--store", str(store)]
+    return subprocess.Popen(
+        [*args, "--json", "--workers", "1", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def snapshot(index: Index):
+    files = [(f.path, f.blob_hash, f.language) for f in index.files()]
+    chunks = [
+        (c.path, c.id, c.kind, c.qualname, c.start_byte, c.end_byte, c.n_tokens, c.anchors)
+        for c in index.chunks()
+    ]
+    edges = sorted(index.graph.graph.edges)
+    return files, chunks, edges
+
+
+def clean_snapshot(repo, tmp_path):
+    clean = Index(repo.root, store=tmp_path / "clean", counter=BYTES)
+    summary = clean.update(workers=1)
+    result = snapshot(clean), summary
+    clean.close()
+    return result
+
+
+def test_two_processes_at_once(git_repo, tmp_path, store):
+    many_files(git_repo, 60)
+    first, second = spawn(tmp_path, git_repo, store), spawn(tmp_path, git_repo, store)
+    summaries = []
+    for process in (first, second):
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        summaries.append(json.loads(out))
+    # One holds the lock and parses everything; the other then finds it all done.
+    assert sorted(s["parsed"] for s in summaries) == [0, 60]
+    assert summaries[0]["chunks"] == summaries[1]["chunks"] == {"function": 60 * 13}
+
+    expected, clean_summary = clean_snapshot(git_repo, tmp_path)
+    index = Index(git_repo.root, store=store, counter=BYTES)
+    assert snapshot(index) == expected
+    assert index.update(workers=1).parsed == 0
+    index.close()
+    assert summaries[0]["graph_edges"] == clean_summary.graph_edges == 60 * 12
+
+
+def test_killed_midway_then_completed(git_repo, tmp_path, store):
+    many_files(git_repo, 120)
+    process = spawn(tmp_path, git_repo, store, "--slow")
+    written = 0
+    deadline = time.monotonic() + 30
+    try:
+        while written < 8 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            written = blobs_written(store / INDEX_FILE)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL, process.stderr.read()
+    written = blobs_written(store / INDEX_FILE)
+    assert 8 <= written < 120, "the run must be killed with some, not all, blobs stored"
+
+    index = Index(git_repo.root, store=store, counter=BYTES)
+    summary = index.update(workers=1)
+    assert (summary.parsed, summary.reused) == (120 - written, written)
+    expected, clean_summary = clean_snapshot(git_repo, tmp_path)
+    assert snapshot(index) == expected
+    assert (summary.chunks, summary.anchors) == (clean_summary.chunks, clean_summary.anchors)
+    index.close()
+
+
+def blobs_written(database) -> int:
+    if not database.exists():
+        return 0
+    connection = sqlite3.connect(database, timeout=10)
+    try:
+        return connection.execute("SELECT count(*) FROM blobs WHERE status = 'ok'").fetchone()[0]
+    except sqlite3.OperationalError:  # tables not created yet
+        return 0
+    finally:
+        connection.close()
