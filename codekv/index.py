@@ -70,7 +70,10 @@ def _analyze(task: _Task):
     reason = gitrepo.skip_reason(data)
     if reason is not None:
         return task, reason, None
-    return task, "ok", analyzer.analyze(task.blob_hash, task.language, data)
+    try:
+        return task, "ok", analyzer.analyze(task.blob_hash, task.language, data)
+    except Exception as error:  # one file the analyzer cannot handle must not stop the index
+        return task, f"error: {type(error).__name__}: {error}", None
 
 
 class Index:

@@ -228,3 +228,25 @@ def test_damage_found_after_opening_is_reported(git_repo, tmp_path, first_page):
         git_repo.commit({"new.py": "x = 1\n"})
         index.update(workers=1)
         index.chunks()
+
+
+def test_analyzer_failure_skips_only_that_file(git_repo, monkeypatch):
+    """A file the analyzer raises on (a bug, a pathological input) is skipped as "error",
+    the rest is indexed, and the failure is kept: it is retried only by a new chunker."""
+    from codekv.analysis import Analyzer
+
+    analyze = Analyzer.analyze
+
+    def fragile(self, blob_hash, language, source):
+        if b"poison" in source:
+            raise RecursionError("maximum recursion depth exceeded")
+        return analyze(self, blob_hash, language, source)
+
+    monkeypatch.setattr(Analyzer, "analyze", fragile)
+    git_repo.commit({"a.py": A_V1, "bad.py": "poison = 1\n"})
+    index = _index(git_repo)
+    summary = index.update(workers=1)
+    assert (summary.parsed, summary.skipped) == (1, {"error": 1})
+    assert [f.path for f in index.files()] == ["a.py"]
+    assert index.update(workers=1).skipped == {"error": 1}
+    index.close()
