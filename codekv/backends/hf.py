@@ -30,7 +30,9 @@ SUPPORTED_FAMILIES = {
     "phi": "partial rotary",
     "phi3": "Llama-style RoPE (fused projections)",
 }
-STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "longrope"}
+# "longrope" is not static: transformers switches to the long factors once a sequence exceeds
+# the original context length, so a chunk prefilled alone can be rotated by other frequencies.
+STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
 
 
 @dataclass
@@ -59,8 +61,11 @@ def unsupported_reason(config) -> str | None:
     layer_types = getattr(text_config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
         return f"{family} has sliding-window layers: reused KV outside the window is wrong"
-    if getattr(text_config, "use_sliding_window", False) and getattr(text_config, "sliding_window", None):
-        return f"{family} uses sliding-window attention"
+    # Mistral and Phi-3 slide whenever ``sliding_window`` is set (no layer_types, no flag), and
+    # the recompute mask is full attention: any window makes the result differ from full prefill.
+    window = getattr(text_config, "sliding_window", None)
+    if window:
+        return f"{family} uses sliding-window attention ({window} tokens)"
     rope = _rope_parameters(text_config)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
@@ -82,8 +87,10 @@ class HFBackend:
         self.config = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        text_config = self.config.get_text_config()
         rotary = getattr(model.base_model, "rotary_emb", None)
-        self._inv_freq = rotary.inv_freq.detach().to(torch.float64) if rotary is not None else None
+        inv_freq = getattr(rotary, "inv_freq", None)  # absent for per-layer-type RoPE (Gemma 3)
+        self._inv_freq = inv_freq.detach().to(torch.float64) if inv_freq is not None else None
         # Partial rotary (GPT-NeoX, Phi) rotates only as many dims as there are frequencies x2.
         self._rotary_dim = 2 * self._inv_freq.numel() if self._inv_freq is not None else 0
         self.info = ModelInfo(
@@ -91,8 +98,8 @@ class HFBackend:
             fingerprint=self._fingerprint(weights_fingerprint),
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             dtype=str(self.dtype).removeprefix("torch."),
-            n_layers=self.config.num_hidden_layers,
-            max_positions=getattr(self.config, "max_position_embeddings", 2048),
+            n_layers=text_config.num_hidden_layers,
+            max_positions=getattr(text_config, "max_position_embeddings", 2048),
             unsupported=unsupported_reason(self.config),
         )
 
@@ -210,9 +217,10 @@ class HFBackend:
         visible = torch.cat((cached_visible, fresh_visible), dim=1)
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        # The cache only ever concatenates onto these: the cached tensors are never written.
         cache = DynamicCache(config=self.config)
         for layer, (key, value) in enumerate(zip(context.keys, context.values)):
-            cache.update(key[None].clone(), value[None].clone(), layer)
+            cache.update(key[None], value[None], layer)
         out = self.model(
             input_ids=torch.tensor([input_ids], device=self.device),
             position_ids=pos[None],
@@ -227,14 +235,11 @@ class HFBackend:
         k_sel = len(selected)
         final = DynamicCache(config=self.config)
         for layer, (key, value) in enumerate(zip(keys, values)):
-            merged_k, merged_v = key[:, :, :n].clone(), value[:, :, :n].clone()
+            merged_k = torch.cat((key[:, :, :n], key[:, :, n + k_sel :]), dim=2)
+            merged_v = torch.cat((value[:, :, :n], value[:, :, n + k_sel :]), dim=2)
             merged_k[:, :, index] = key[:, :, n : n + k_sel]
             merged_v[:, :, index] = value[:, :, n : n + k_sel]
-            final.update(
-                torch.cat((merged_k, key[:, :, n + k_sel :]), dim=2),
-                torch.cat((merged_v, value[:, :, n + k_sel :]), dim=2),
-                layer,
-            )
+            final.update(merged_k, merged_v, layer)
         return RequestState(final, list(context_ids) + list(query_ids), out.logits[0, -1].float())
 
     @torch.inference_mode()
@@ -296,5 +301,8 @@ def _unpack(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]
 
 def tokenizer_fingerprint(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    text = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = json.dumps(tokenizer.get_vocab(), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

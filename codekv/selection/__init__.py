@@ -6,18 +6,18 @@ new rule is one file, and the evaluation loops over ``STRATEGIES``.
 
 from codekv.selection.anchors import AnchorSelection, HybridSelection
 from codekv.selection.base import (
-    SelectionContext,
     Segment,
+    SelectionContext,
     Strategy,
     TokenAnchor,
 )
+from codekv.selection.deviation import DeviationSelection
 from codekv.selection.simple import (
     AllSelection,
     BoundarySelection,
     NoneNoRopeSelection,
     NoneSelection,
 )
-from codekv.selection.deviation import DeviationSelection
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
@@ -37,7 +37,8 @@ def strategy(name: str) -> Strategy:
     try:
         return STRATEGIES[name]()
     except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}") from None
+        choices = ", ".join(STRATEGIES)
+        raise ValueError(f"unknown strategy {name!r}; choose from {choices}") from None
 
 
 __all__ = [

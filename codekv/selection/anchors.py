@@ -19,7 +19,8 @@ def anchor_positions(context: SelectionContext) -> list[int]:
     cross: list[int] = []
     for segment in context.segments:
         for anchor in segment.anchors:
-            if anchor.kind == "use" and anchor.target in present and anchor.target != segment.chunk_id:
+            linked = anchor.target in present and anchor.target != segment.chunk_id
+            if anchor.kind == "use" and linked:
                 cross.extend(range(segment.start + anchor.start, segment.start + anchor.end))
                 used_names.setdefault(anchor.target, set()).add(anchor.name)
     defs: list[int] = []
