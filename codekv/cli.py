@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -150,6 +151,7 @@ def show(repo, target, store, budget):
     from codekv.show import render_chunks
 
     path, _, qualname = target.partition("::")
+    path = posixpath.normpath(path)  # "./app.py" and "src//app.py" name indexed paths too
     with _opened_index(repo, store, budget=budget) as idx:
         # Incremental (nothing changed: nothing parsed); without it a file edited since the
         # last index would be shown from a snapshot whose blob is no longer on disk.
@@ -236,12 +238,13 @@ def _check(composer, result, chunks, query, prefix) -> dict:
     import torch
 
     full = composer.full_prefill(chunks, query, prefix=prefix)
-    reference = torch.log_softmax(full.next_token_logits(), -1)
-    composed = torch.log_softmax(result.next_token_logits(), -1)
+    full_logits, composed_logits = full.next_token_logits(), result.next_token_logits()
+    reference = torch.log_softmax(full_logits, -1)
+    composed = torch.log_softmax(composed_logits, -1)
     return {
         "kl": float((reference.exp() * (reference - composed)).sum()),
-        "max_logit_diff": float((full.next_token_logits() - result.next_token_logits()).abs().max()),
-        "top1_agree": bool(full.next_token_logits().argmax() == result.next_token_logits().argmax()),
+        "max_logit_diff": float((full_logits - composed_logits).abs().max()),
+        "top1_agree": bool(full_logits.argmax() == composed_logits.argmax()),
         "full_prefill_s": full.report.ttft_s,
         "speedup": full.report.ttft_s / result.report.ttft_s if result.report.ttft_s else None,
     }

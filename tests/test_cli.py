@@ -307,3 +307,19 @@ def blobs_written(database) -> int:
         return 0
     finally:
         connection.close()
+
+
+def test_show_accepts_a_dotted_path(repo, store):
+    result = cli("show", repo.root, "./app.py::run", "--store", store)
+    assert result.exit_code == 0, result.output
+    assert "def run(x):" in result.stdout
+
+
+def test_gc_keeps_blobs_of_the_budget_it_is_given(repo, store):
+    """Blobs are keyed by chunker (budget included): gc with the index's budget keeps them,
+    gc with another budget counts them as unreachable."""
+    assert index_json(repo, store, "--budget", 256)["parsed"] == 2
+    assert "removed 0 " in cli("gc", repo.root, "--store", store, "--budget", 256).stdout
+    assert index_json(repo, store, "--budget", 256)["parsed"] == 0
+    assert "removed 2 " in cli("gc", repo.root, "--store", store).stdout
+    assert index_json(repo, store, "--budget", 256)["parsed"] == 2
