@@ -83,7 +83,7 @@ def _converted(gguf: Path, dtype: str) -> tuple[Path, str]:
     digest = _cached_digest(gguf)
     version = metadata.version("transformers")
     weights = f"gguf:{digest}:{dtype}"
-    target = paths.home() / "models" / f"{digest[:16]}-tf{version}-{dtype}"
+    target = paths.model_cache() / f"{digest[:16]}-tf{version}-{dtype}"
     if (target / "codekv.json").is_file():
         return target, weights
     staging = target.with_name(target.name + f".partial-{os.getpid()}")
@@ -114,7 +114,7 @@ def _converted(gguf: Path, dtype: str) -> tuple[Path, str]:
 def _cached_digest(path: Path) -> str:
     """sha256 of a large file, remembered per (path, size, mtime) to skip re-reading 100 MB."""
     stat = path.stat()
-    record = paths.home() / "digests.json"
+    record = paths.model_cache() / "digests.json"
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     known = json.loads(record.read_text()) if record.is_file() else {}
     if key not in known:

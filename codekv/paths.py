@@ -24,3 +24,13 @@ def private_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.chmod(0o700)
     return path
+
+
+def model_cache() -> Path:
+    """Converted models and tokenizers: ``$CODEKV_MODEL_CACHE``, else ``<home>/models``.
+
+    Derived from installed packages only (no user data), so test sessions and several homes
+    may share one; converting the default GGUF takes ~20 s.
+    """
+    root = os.environ.get("CODEKV_MODEL_CACHE")
+    return private_dir(Path(root)) if root else private_dir(home() / "models")
