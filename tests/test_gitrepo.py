@@ -128,6 +128,10 @@ def test_index_skips_secrets_unless_asked(guarded_repo):
         "a/b/credentials.json",
         "server.key",
         ".netrc",
+        ".git-credentials",
+        "web/.htpasswd",
+        "infra/terraform.tfstate",
+        "infra/terraform.tfstate.backup",
     ],
 )
 def test_secret_names(path):
@@ -144,6 +148,8 @@ def test_secret_names(path):
         "pem/reader.py",
         "docs/credentials.md",
         "keyboard.c",
+        "infra/main.tf",
+        ".gitignore",
     ],
 )
 def test_ordinary_names_are_not_secret(path):

@@ -250,3 +250,11 @@ def test_analyzer_failure_skips_only_that_file(git_repo, monkeypatch):
     assert [f.path for f in index.files()] == ["a.py"]
     assert index.update(workers=1).skipped == {"error": 1}
     index.close()
+
+
+def test_other_schema_asks_for_rebuild(git_repo, codekv_home):
+    index = _index(git_repo)
+    index.store.db.execute("UPDATE meta SET value = '0' WHERE key = 'schema'")
+    index.close()
+    with pytest.raises(CorruptIndexError, match="has schema 0.*codekv index --rebuild"):
+        _index(git_repo)
