@@ -12,13 +12,17 @@ KIND_RANK = {"call": 0, "return": 1, "branch": 2, "assign": 3, "def": 4, "import
 
 
 def anchor_positions(context: SelectionContext) -> list[int]:
-    """Anchor token positions in priority order: def-use sites linking chunks of this request
-    first (the use and the definition it resolves to), then the other anchors by kind."""
+    """Anchor token positions in priority order: anchors naming what the query mentions, then
+    def-use sites linking chunks of this request (the use and the definition it resolves to),
+    then the other anchors by kind."""
     present = context.request_chunks()
     used_names: dict[str, set[str]] = {}
+    asked: list[int] = []
     cross: list[int] = []
     for segment in context.segments:
         for anchor in segment.anchors:
+            if anchor.name in context.query_names and anchor.kind in ("def", "call", "use"):
+                asked.extend(range(segment.start + anchor.start, segment.start + anchor.end))
             linked = anchor.target in present and anchor.target != segment.chunk_id
             if anchor.kind == "use" and linked:
                 cross.extend(range(segment.start + anchor.start, segment.start + anchor.end))
@@ -34,7 +38,7 @@ def anchor_positions(context: SelectionContext) -> list[int]:
             elif anchor.kind in KIND_RANK:
                 ranked.extend((KIND_RANK[anchor.kind], p, 0) for p in span)
     ranked.sort()
-    return cross + defs + [position for _, position, _ in ranked]
+    return asked + cross + defs + [position for _, position, _ in ranked]
 
 
 @dataclass

@@ -41,6 +41,7 @@ class SelectionContext:
     budget: int  # how many context tokens may be recomputed
     # Per-position KV deviation of the reused state from a fresh one (CacheBlend), on demand.
     deviation: Callable[[], torch.Tensor] | None = None
+    query_names: frozenset[str] = frozenset()  # identifiers the query mentions
 
     def request_chunks(self) -> set[str]:
         return {s.chunk_id for s in self.segments if s.chunk_id}
