@@ -185,12 +185,15 @@ class Composer:
         report.query_tokens = len(query_ids)
         report.total_tokens = len(context_ids) + len(query_ids)
         limit = self.backend.info.max_positions
+        if not report.total_tokens:
+            raise ValueError("empty request: no prefix, chunk or query tokens")
         if report.total_tokens + max_new_tokens > limit:
             raise ValueError(
                 f"request of {report.total_tokens} tokens (+{max_new_tokens} to generate) exceeds "
                 f"the model's {limit} positions"
             )
-        reason = self._refusal(pieces)
+        # A query alone has no cached KV to reuse: its full prefill is the answer.
+        reason = self._refusal(pieces) if context_ids else "no context: only a query"
         if reason is None:
             try:
                 state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report)
@@ -328,7 +331,11 @@ class Composer:
     def _chunk_kv(self, piece: _Piece, key: KVKey) -> tuple[ChunkKV, bool]:
         entry = self.store.get(key)
         if entry is not None:
-            return ChunkKV(entry.keys, entry.values, 0), True
+            # The store reads onto the CPU; the backend's model may live on an accelerator.
+            device = getattr(self.backend, "device", None)
+            keys = [k.to(device) for k in entry.keys] if device is not None else entry.keys
+            values = [v.to(device) for v in entry.values] if device is not None else entry.values
+            return ChunkKV(keys, values, 0), True
         kv = self.backend.prefill_chunk(piece.ids)
         provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
                           n_tokens=len(piece.ids), created=time.time(),

@@ -38,7 +38,11 @@ def anchor_positions(context: SelectionContext) -> list[int]:
             elif anchor.kind in KIND_RANK:
                 ranked.extend((KIND_RANK[anchor.kind], p, 0) for p in span)
     ranked.sort()
-    return asked + cross + defs + [position for _, position, _ in ranked]
+    ordered = asked + cross + defs + [position for _, position, _ in ranked]
+    # A chunk at position 0 has nothing before it: recomputing its tokens changes nothing.
+    first = context.segments[0] if context.segments else None
+    exact = first.end if first is not None and first.start == 0 else 0
+    return [position for position in ordered if position >= exact]
 
 
 @dataclass

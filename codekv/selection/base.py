@@ -71,10 +71,14 @@ def take(ordered, budget: int, chosen: list[int] | None = None) -> list[int]:
 
 
 def boundary_positions(context: SelectionContext, per_chunk: int) -> list[int]:
-    """The first ``per_chunk`` tokens of each chunk that follows other context (EPIC)."""
+    """The first ``per_chunk`` tokens of each chunk that follows other context (EPIC).
+
+    Interleaved (every chunk's first token, then every chunk's second, ...), so a budget that
+    cuts the list short shares it between the chunks instead of spending it on the first ones.
+    """
+    # A chunk at position 0 has nothing before it: its KV computed alone is already exact.
+    following = [segment for segment in context.segments if segment.start > 0]
     positions = []
-    for segment in context.segments:
-        if segment.start == 0:
-            continue  # nothing precedes it: its KV computed alone is already exact
-        positions.extend(range(segment.start, min(segment.end, segment.start + per_chunk)))
+    for offset in range(per_chunk):
+        positions.extend(s.start + offset for s in following if offset < s.length)
     return positions

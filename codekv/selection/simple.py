@@ -50,4 +50,4 @@ class BoundarySelection(Strategy):
         if not following or context.budget <= 0:
             return []
         per_chunk = min(self.max_per_chunk, max(1, context.budget // len(following)))
-        return take(boundary_positions(context, per_chunk), context.budget)
+        return sorted(take(boundary_positions(context, per_chunk), context.budget))
