@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 import pygit2
@@ -68,3 +70,78 @@ def analyze():
         return Analyzer(BYTES, budget).analyze("0" * 40, language, source)
 
     return run
+
+
+# -- tiny random-weight models for the composition tests (built offline from configs) -------
+
+TINY_CONFIG = dict(
+    vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, max_position_embeddings=256,
+    initializer_range=0.1,  # larger than the default so logits depend visibly on the context
+)
+# The families composition supports, each with what its tiny config needs.
+TINY_FAMILIES = {
+    "llama": {"num_key_value_heads": 2},
+    "mistral": {"num_key_value_heads": 2, "sliding_window": None},
+    "qwen2": {"num_key_value_heads": 2},
+    "qwen3": {"num_key_value_heads": 2, "head_dim": 16},  # k-norm before RoPE
+    "gpt_neox": {"rotary_pct": 0.5},  # partial rotary
+    "phi": {"partial_rotary_factor": 0.5},  # partial rotary
+    "phi3": {"num_key_value_heads": 2, "pad_token_id": 0},
+}
+TOKENIZER_CORPORA = (
+    ["def area(width, height):\n    return width * height\n", "the quick brown fox jumps"],
+    ["class Stack:\n    def push(self, item):\n        self.items.append(item)\n"],
+)
+
+
+@functools.cache
+def tiny_tokenizer(variant: int = 0):
+    """A byte-level BPE (< 320 ids) trained in milliseconds; variants differ in their merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<eos>"], show_progress=False,
+    )
+    tokenizer.train_from_iterator(TOKENIZER_CORPORA[variant], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+
+
+def tiny_model(family: str = "llama", seed: int = 0, dtype: str = "float32", **config):
+    """A random-weight causal LM of ``family`` in eval mode (exactness needs no training)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.set_num_threads(1)  # tensors this small only lose time to thread fan-out
+    settings = {**TINY_CONFIG, **TINY_FAMILIES.get(family, {}), **config}
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        cfg = AutoConfig.for_model(family, **settings)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    return model.eval()
+
+
+@functools.cache
+def _tiny_backend(family, seed, dtype, tokenizer, config_json):
+    from codekv.backends.hf import HFBackend
+
+    model = tiny_model(family, seed, dtype, **json.loads(config_json))
+    return HFBackend(model, tiny_tokenizer(tokenizer))
+
+
+@pytest.fixture
+def tiny_backend():
+    """``make(family, seed=0, dtype="float32", tokenizer=0, **config)`` -> a cached HFBackend.
+
+    Backends are shared between tests: they hold no request state.
+    """
+
+    def make(family="llama", seed=0, dtype="float32", tokenizer=0, **config):
+        return _tiny_backend(family, seed, dtype, tokenizer, json.dumps(config, sort_keys=True))
+
+    return make

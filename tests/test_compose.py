@@ -1,0 +1,394 @@
+"""Composer on tiny random-weight models: exactness, cache reuse and isolation, statuses.
+
+``strategy="all"`` recomputes every chunk token, so its result must equal a full prefill of the
+same tokens (``Composer.full_prefill``) whatever the chunk order, repeats, cache state or store
+damage; the other strategies only have to run and report honestly.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_FAMILIES
+
+from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL, Composer, Passage, default_scope
+from codekv.gate import SupportGate
+from codekv.index import Index
+from codekv.kvstore import LocalKVStore
+from codekv.selection import STRATEGIES, Segment, SelectionContext, TokenAnchor
+from codekv.selection import strategy as make_strategy
+from codekv.tokens import CounterSpec
+
+TOL = 1e-4
+A = Passage("def area(width, height):\n    return width * height\n", "area")
+B = Passage("The quick brown fox jumps over the lazy dog near the river bank.", "fox")
+B2 = Passage("The quick brown cat sleeps under the lazy dog near the old mill.", "cat")
+C = Passage("class Stack:\n    def push(self, item):\n        self.items.append(item)\n", "stack")
+PREFIX = "You answer questions about code.\n"
+QUERY = "Question: what does area return?\n"
+
+
+def make_composer(backend, root: Path, scope: str = "test", experimental: bool = True,
+                  gate: SupportGate | None = None) -> Composer:
+    return Composer(backend, store=LocalKVStore(root / "kv"), scope=scope,
+                    gate=gate or SupportGate([], "test gate"), experimental=experimental)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def assert_exact(result, reference) -> None:
+    """Same token sequence, next-token logits and KV in every layer as the full prefill."""
+    assert result.token_ids == reference.token_ids
+    assert max_diff(result.next_token_logits(), reference.next_token_logits()) <= TOL
+    for ours, theirs in zip(result.state.cache.layers, reference.state.cache.layers, strict=True):
+        assert max_diff(ours.keys, theirs.keys) <= TOL
+        assert max_diff(ours.values, theirs.values) <= TOL
+
+
+def entry_files(root: Path) -> list[Path]:
+    return sorted((root / "kv").rglob("*.safetensors"))
+
+
+def store_tensors(composer: Composer) -> dict[str, list[torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for path in sorted(Path(composer.store.root).rglob("*.safetensors")):
+        out[path.name] = [t.clone() for _, t in sorted(load_file(path).items())]
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_all_equals_full_prefill(tiny_backend, tmp_path, family):
+    composer = make_composer(tiny_backend(family), tmp_path)
+    chunks = [A, B, C]
+    for attempt in ("cold", "warm"):  # computed chunk KV, then KV read back from the store
+        result = composer.compose(chunks, QUERY, prefix=PREFIX, strategy="all")
+        assert result.status == COMPOSED
+        report = result.report
+        assert (report.chunk_hits, report.chunk_misses) == ((0, 3) if attempt == "cold" else (3, 0))
+        assert report.exact_prefix_hit == (attempt == "warm")
+        assert report.reused_tokens == 0
+        assert report.recomputed_tokens == report.context_tokens - report.prefix_tokens
+        assert report.recompute_ratio == 1.0
+        assert_exact(result, composer.full_prefill(chunks, QUERY, prefix=PREFIX))
+
+
+@pytest.mark.parametrize("family", ["llama", "phi"])
+def test_one_chunk_at_offset_zero_with_none_is_exact(tiny_backend, tmp_path, family):
+    composer = make_composer(tiny_backend(family), tmp_path)
+    result = composer.compose([C], QUERY, strategy="none")
+    assert result.status == COMPOSED and result.report.recomputed_tokens == 0
+    assert result.report.reused_tokens == result.report.context_tokens
+    assert_exact(result, composer.full_prefill([C], QUERY))
+
+
+def test_naive_composition_differs_from_full_prefill(tiny_backend, tmp_path):
+    """The checks above can fail: reused KV of a chunk that follows another is not exact."""
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    result = composer.compose([A, B], QUERY, strategy="none")
+    reference = composer.full_prefill([A, B], QUERY)
+    assert max_diff(result.next_token_logits(), reference.next_token_logits()) > 1e-2
+
+
+def test_every_order_of_three_chunks_is_exact(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("qwen3"), tmp_path)
+    for order in itertools.permutations([A, B, C]):
+        result = composer.compose(list(order), QUERY, strategy="all")
+        assert_exact(result, composer.full_prefill(list(order), QUERY))
+    assert composer.store.stats().entries == 3  # each chunk stored once, whatever its position
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_runs_within_its_budget(tiny_backend, tmp_path, strategy):
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    result = composer.compose([A, B, C], QUERY, prefix=PREFIX, strategy=strategy, ratio=0.2)
+    report = result.report
+    assert result.status == COMPOSED and report.fallback_reason is None
+    chunk_tokens = report.context_tokens - report.prefix_tokens
+    assert report.reused_tokens + report.recomputed_tokens == chunk_tokens
+    if strategy == "all":
+        assert report.recomputed_tokens == chunk_tokens
+    else:
+        assert report.recomputed_tokens <= round(0.2 * chunk_tokens)
+    if strategy in ("none", "none-norope"):
+        assert report.recomputed_tokens == 0
+    if strategy in ("boundary", "deviation", "hybrid"):
+        assert report.recomputed_tokens > 0
+    assert len(result.token_ids) == report.total_tokens
+    assert result.next_token_logits().shape == (320,)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_the_same_chunk_twice_in_one_request(tiny_backend, tmp_path, strategy):
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    result = composer.compose([A, B, A], QUERY, strategy=strategy)
+    assert result.status == COMPOSED
+    assert (result.report.chunk_misses, result.report.chunk_hits) == (2, 1)
+    if strategy == "all":
+        assert_exact(result, composer.full_prefill([A, B, A], QUERY))
+
+
+def test_a_changed_neighbour_reuses_the_chunk_and_stays_exact(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("mistral"), tmp_path)
+    first = composer.compose([B, A], QUERY, strategy="all")
+    assert (first.report.chunk_hits, first.report.chunk_misses) == (0, 2)
+    second = composer.compose([B2, A], QUERY, strategy="all")
+    assert (second.report.chunk_hits, second.report.chunk_misses) == (1, 1)
+    assert_exact(second, composer.full_prefill([B2, A], QUERY))
+    assert max_diff(first.next_token_logits(), second.next_token_logits()) > TOL
+
+
+def test_positions_up_to_the_model_limit(tiny_backend, tmp_path):
+    backend = tiny_backend("llama")
+    composer = make_composer(backend, tmp_path)
+    limit = backend.info.max_positions
+    chunk_ids = len(composer._piece(A).ids)
+    query_ids = len(backend.tokenize(QUERY))
+    # Fill the context with repeats of A and pad the prefix so the request is exactly ``limit``.
+    repeats = (limit - query_ids - 8) // chunk_ids
+    pad = limit - query_ids - repeats * chunk_ids
+    prefix = "x" * pad
+    assert len(backend.tokenize(prefix)) == pad  # one token per 'x' in this tokenizer
+    result = composer.compose([A] * repeats, QUERY, prefix=prefix, strategy="all")
+    assert result.report.total_tokens == limit
+    assert_exact(result, composer.full_prefill([A] * repeats, QUERY, prefix=prefix))
+    assert result.generate(5) == ""  # no position left to generate into
+    with pytest.raises(ValueError, match=f"exceeds the model's {limit} positions"):
+        composer.compose([A] * repeats, QUERY, prefix=prefix + "x", strategy="all")
+    with pytest.raises(ValueError, match=r"\+1 to generate"):
+        composer.compose([A] * repeats, QUERY, prefix=prefix, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("change", [{"seed": 1}, {"dtype": "float64"}, {"tokenizer": 1}])
+def test_a_changed_model_never_reuses_entries(tiny_backend, tmp_path, change):
+    old = make_composer(tiny_backend("llama"), tmp_path)
+    old.compose([A, B], QUERY, strategy="all")
+    assert old.compose([A, B], QUERY, strategy="all").report.chunk_hits == 2  # control
+    new = make_composer(tiny_backend("llama", **change), tmp_path)
+    assert new.scope == old.scope and new.store.root == old.store.root
+    assert new._key(new._piece(A)) != old._key(old._piece(A))
+    result = new.compose([A, B], QUERY, strategy="all")
+    assert (result.report.chunk_hits, result.report.chunk_misses) == (0, 2)
+    assert len(entry_files(tmp_path)) == 4  # new entries beside the old ones
+    assert_exact(result, new.full_prefill([A, B], QUERY))
+
+
+@pytest.mark.parametrize("where", ["header", "tensor data", "truncated"])
+def test_corrupt_entries_are_recomputed(tiny_backend, tmp_path, where):
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    composer.compose([A, B], QUERY, strategy="all")
+    for path in entry_files(tmp_path):
+        data = bytearray(path.read_bytes())
+        if where == "truncated":
+            data = data[: len(data) // 2]
+        else:
+            at = 20 if where == "header" else len(data) - 5
+            data[at] ^= 0xFF
+        path.write_bytes(bytes(data))
+    result = composer.compose([A, B], QUERY, strategy="all")
+    assert (result.report.chunk_hits, result.report.chunk_misses) == (0, 2)
+    assert composer.store.stats().corrupt == 2
+    assert_exact(result, composer.full_prefill([A, B], QUERY))
+    # The recomputed entries replaced the damaged files.
+    assert composer.compose([A, B], QUERY, strategy="all").report.chunk_hits == 2
+
+
+def test_scopes_sharing_a_store_never_see_each_other(tiny_backend, tmp_path):
+    backend = tiny_backend("llama")
+    one = make_composer(backend, tmp_path, scope="repo:one")
+    two = make_composer(backend, tmp_path, scope="repo:two")
+    one.compose([A, B], QUERY, strategy="all")
+    result = two.compose([A, B], QUERY, strategy="all")
+    assert (result.report.chunk_hits, result.report.chunk_misses) == (0, 2)
+    assert two.prefill([A, B, C]) == (1, 2)  # its own entries only
+    assert one.prefill([A, B, C]) == (1, 2)
+    assert len(entry_files(tmp_path)) == 6
+
+
+def test_unsupported_without_evidence_falls_back_to_full_prefill(tiny_backend, tmp_path):
+    backend = tiny_backend("llama")
+    gated = make_composer(backend, tmp_path, experimental=False)
+    result = gated.compose([A, B], QUERY, prefix=PREFIX, strategy="all")
+    assert result.status == FULL_PREFILL
+    assert result.report.fallback_reason.startswith("unsupported")
+    assert "llama/rag" in result.report.fallback_reason
+    assert result.report.recompute_ratio == 1.0 and result.report.chunk_misses == 0
+    assert gated.counters.full_prefill == 1 and gated.counters.composed == 0
+    assert gated.counters.exact_prefix_misses == gated.counters.exact_prefix_hits == 0
+    assert entry_files(tmp_path) == []  # a refused request stores nothing
+    assert_exact(result, gated.full_prefill([A, B], QUERY, prefix=PREFIX))
+    passed = SupportGate([{"family": "llama", "workload": "rag", "passed": True}], "test")
+    allowed = make_composer(backend, tmp_path, experimental=False, gate=passed)
+    assert allowed.compose([A, B], QUERY, strategy="all").status == COMPOSED
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mistral-window"])
+def test_unsupported_models_fall_back_even_when_experimental(tiny_backend, tmp_path, case):
+    backend = tiny_backend("gpt2") if case == "gpt2" else tiny_backend("mistral", sliding_window=8)
+    composer = make_composer(backend, tmp_path, experimental=True)
+    result = composer.compose([A, B], QUERY, strategy="all")
+    assert result.status == FULL_PREFILL
+    assert result.report.fallback_reason == f"unsupported: {backend.info.unsupported}"
+    assert composer.counters.fallbacks == {"unsupported": 1}
+    assert_exact(result, composer.full_prefill([A, B], QUERY))
+
+
+def test_statuses_and_counters(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    counters = composer.counters
+    first = composer.compose([], QUERY, prefix=PREFIX)
+    assert first.status == EXACT_PREFIX and not first.report.exact_prefix_hit
+    assert_exact(first, composer.full_prefill([], QUERY, prefix=PREFIX))
+    second = composer.compose([], "Another question?", prefix=PREFIX)
+    assert second.status == EXACT_PREFIX and second.report.exact_prefix_hit
+    assert (counters.exact_prefix_hits, counters.exact_prefix_misses) == (1, 1)
+    assert counters.composed == counters.full_prefill == 0
+    # Composed requests count as composed; only their prefix part touches the prefix counters.
+    composer.compose([A], QUERY, strategy="boundary")
+    assert (counters.exact_prefix_hits, counters.exact_prefix_misses) == (1, 1)
+    composed = composer.compose([A], QUERY, prefix=PREFIX, strategy="all")
+    assert composed.status == COMPOSED and composed.report.exact_prefix_hit
+    assert (counters.exact_prefix_hits, counters.exact_prefix_misses) == (2, 1)
+    assert counters.composed == 2 and counters.full_prefill == 0
+    assert len(composer.prefix_cache.entries) == 1  # composed states never enter it
+    # A prefix shared with a composed request still answers exactly.
+    third = composer.compose([], QUERY, prefix=PREFIX)
+    assert_exact(third, first)
+
+
+def test_a_query_alone_is_a_full_prefill(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    result = composer.compose([], QUERY, strategy="all")
+    assert result.status == FULL_PREFILL
+    assert result.report.fallback_reason.startswith("no context")
+    assert_exact(result, composer.full_prefill([], QUERY))
+    assert composer.counters.composed == 0 and composer.counters.full_prefill == 1
+
+
+def test_store_hits_land_on_the_model_device(tiny_backend, tmp_path, monkeypatch):
+    """The store reads CPU tensors; a model on an accelerator needs them on its device."""
+    backend = tiny_backend("llama")
+    composer = make_composer(backend, tmp_path)
+    piece = composer._piece(A)
+    composer._chunk_kv(piece, composer._key(piece))
+    monkeypatch.setattr(backend, "device", torch.device("meta"))
+    kv, hit = composer._chunk_kv(piece, composer._key(piece))
+    assert hit and {t.device.type for t in (*kv.keys, *kv.values)} == {"meta"}
+
+
+def test_cached_entries_are_never_mutated(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("phi"), tmp_path)
+    composer.compose([A, B, C], QUERY, prefix=PREFIX, strategy="all")
+    stored = store_tensors(composer)
+    prefix_kv = next(iter(composer.prefix_cache.entries.values()))
+    prefix_before = [t.clone() for t in (*prefix_kv.keys, *prefix_kv.values)]
+    for strategy in sorted(STRATEGIES):
+        for chunks in ([A, B, C], [C, A, B], [B, B]):
+            result = composer.compose(chunks, QUERY, prefix=PREFIX, strategy=strategy, ratio=0.5)
+            result.score("answer")
+            result.generate(3)
+    after = store_tensors(composer)
+    assert after.keys() == stored.keys()
+    for name, tensors in stored.items():
+        assert all(torch.equal(a, b) for a, b in zip(tensors, after[name], strict=True))
+    assert all(torch.equal(a, b) for a, b in
+               zip(prefix_before, (*prefix_kv.keys, *prefix_kv.values), strict=True))
+
+
+def test_score_and_generate_leave_the_result_unchanged(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("qwen2"), tmp_path)
+    result = composer.compose([A, B], QUERY, prefix=PREFIX, strategy="all")
+    reference = composer.full_prefill([A, B], QUERY, prefix=PREFIX)
+    score = result.score(" width times height")
+    assert result.score(" width times height") == pytest.approx(score, abs=1e-6)
+    assert score == pytest.approx(reference.score(" width times height"), abs=1e-4)
+    text = result.generate(6)
+    assert result.generate(6) == text == reference.generate(6)
+    assert_exact(result, reference)
+
+
+def test_an_empty_request_is_refused(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    with pytest.raises(ValueError, match="empty request"):
+        composer.compose([], "")
+
+
+# -- selection rules on hand-built contexts -------------------------------------------------
+
+
+def selection_context(budget: int, prefix: int = 0) -> SelectionContext:
+    """Two 20-token chunks after ``prefix`` tokens; the second uses a name the first defines."""
+    first = Segment(prefix, 20, "c1", [
+        TokenAnchor("def", "f", 2, 4),
+        TokenAnchor("call", "g", 10, 12),
+    ])
+    second = Segment(prefix + 20, 20, "c2", [
+        TokenAnchor("use", "f", 5, 6, target="c1"),
+        TokenAnchor("return", "return_statement", 8, 11),
+        TokenAnchor("call", "h", 14, 16),
+    ])
+    return SelectionContext(prefix + 40, prefix, [first, second], budget)
+
+
+def test_anchor_selection_order():
+    # Boundary tokens (half the budget), then the cross-chunk use (25), then calls (34, 35).
+    assert make_strategy("anchors").select(selection_context(6)) == [20, 21, 22, 25, 34, 35]
+    # After a prefix the first chunk follows context too: boundaries alternate between the
+    # chunks (5, 25, 6, 26, 7, 27), then the use (30), the definition it names (7, 8), calls.
+    chosen = make_strategy("anchors").select(selection_context(12, prefix=5))
+    assert chosen == [5, 6, 7, 8, 15, 16, 25, 26, 27, 30, 39, 40]
+    # Query-named anchors come before everything but the boundaries.
+    context = selection_context(8, prefix=5)
+    context.query_names = frozenset({"h"})
+    assert make_strategy("anchors").select(context) == [5, 6, 7, 25, 26, 30, 39, 40]
+
+
+def test_selection_never_spends_budget_on_the_first_chunk_without_prefix():
+    """Tokens of a chunk at position 0 already have exact KV: recomputing them changes nothing."""
+    context = selection_context(30)
+    for name in ("anchors", "boundary"):
+        chosen = make_strategy(name).select(context)
+        assert chosen and min(chosen) >= 20, name
+
+
+def test_selection_stays_in_budget_and_out_of_the_prefix():
+    for name in STRATEGIES:
+        context = selection_context(7, prefix=3)
+        context.deviation = lambda: torch.arange(43, dtype=torch.float32)
+        chosen = make_strategy(name).select(context)
+        assert chosen == sorted(set(chosen)), name
+        assert all(3 <= p < 43 for p in chosen), name
+        if name != "all":
+            assert len(chosen) <= 7, name
+    context = selection_context(7, prefix=3)
+    context.deviation = lambda: torch.arange(43, dtype=torch.float32)
+    assert make_strategy("deviation").select(context) == list(range(36, 43))
+
+
+def test_code_chunks_from_an_index(tiny_backend, git_repo, tmp_path):
+    git_repo.commit({
+        "a.py": "def alpha(x):\n    if x > 1:\n        return x * 2\n    return 0\n",
+        "b.py": "from a import alpha\n\n\ndef gamma(y):\n    z = alpha(y)\n    return z + 1\n",
+    })
+    index = Index(git_repo.root, counter=CounterSpec("bytes"))
+    index.update()
+    backend = tiny_backend("llama")
+    composer = Composer(backend, index=index, store=LocalKVStore(tmp_path / "kv"),
+                        gate=SupportGate([], "test"), experimental=True)
+    assert composer.scope == default_scope(index)
+    alpha, gamma = composer._pieces(["a.py::alpha", "b.py::gamma"])
+    use = next(a for a in gamma.anchors if a.kind == "use")
+    assert use.target == alpha.chunk_id
+    assert backend.detokenize(gamma.ids[use.start : use.end]) == "alpha"
+    chunks = ["a.py::alpha", "b.py::gamma"]
+    result = composer.compose(chunks, "What does gamma return?", strategy="all")
+    assert_exact(result, composer.full_prefill(chunks, "What does gamma return?"))
+    anchored = composer.compose(chunks, "What does gamma return?", strategy="anchors", ratio=0.3)
+    assert anchored.status == COMPOSED and anchored.report.chunk_hits == 2
+    assert 0 < anchored.report.recomputed_tokens <= round(0.3 * anchored.report.context_tokens)
