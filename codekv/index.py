@@ -1,4 +1,4 @@
-"""``Index``: build and update a repository's chunk index, and read chunks, anchors and the graph."""
+"""``Index``: build and update a repository's chunk index; read chunks, anchors and the graph."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def _analyze(task: _Task):
     """Worker side: read one blob and analyse it; returns (task, status, analysis-or-None)."""
     analyzer, reader = _worker
     try:
-        data = reader.read(gitrepo.SourceFile(task.path, task.blob_hash, task.language, task.origin))
+        file = gitrepo.SourceFile(task.path, task.blob_hash, task.language, task.origin)
+        data = reader.read(file)
     except (gitrepo.MissingBlobError, OSError) as error:
         return task, f"missing: {error}", None
     reason = gitrepo.skip_reason(data)
@@ -108,7 +109,8 @@ class Index:
         started = time.perf_counter()
         with self._lock():
             snapshot = gitrepo.scan(self.repo, self.include_secrets, self.include_ignored)
-            summary = IndexSummary(self.root, files=len(snapshot.files) + sum(snapshot.skipped.values()))
+            scanned = len(snapshot.files) + sum(snapshot.skipped.values())
+            summary = IndexSummary(self.root, files=scanned)
             known = self.store.known_blobs(self.repo_id, self.chunker)
             todo: dict[tuple[str, str], _Task] = {}
             for file in snapshot.files:
