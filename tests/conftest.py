@@ -68,10 +68,7 @@ class GitRepo:
     def commit(self, files: dict[str, str | bytes | None], message: str = "commit") -> str:
         self.write(files)
         index = self.repo.index
-        index.add_all()
-        for path, content in files.items():
-            if content is None:
-                index.remove(path)
+        index.add_all()  # also drops files deleted from the working tree
         index.write()
         tree = index.write_tree()
         parents = [] if self.repo.head_is_unborn else [self.repo.head.target]
