@@ -125,7 +125,7 @@ class Chunker:
     def _segments(self, nodes):
         """Named children with the comments right above them folded in."""
         pending = None
-        for node in nodes:
+        for node in self._flatten(nodes):
             if node.type in self.spec.comment_types:
                 if pending is None or not self._adjacent(pending[1], node):
                     if pending is not None:
@@ -146,6 +146,15 @@ class Chunker:
             yield node.start_byte, node
         if pending is not None:
             yield pending[0], pending[1]
+
+    def _flatten(self, nodes):
+        """``nodes`` with transparent containers replaced by their children and own tokens."""
+        for node in nodes:
+            if node.type not in self.spec.transparent_types:
+                yield node
+                continue
+            # Directive tokens (`#ifdef`, `#endif`, `extern`, braces) stay as loose text.
+            yield from self._flatten(c for c in node.children if c.is_named or c.type.strip())
 
     @staticmethod
     def _adjacent(above, below) -> bool:
@@ -172,7 +181,9 @@ class Chunker:
     def _unwrap(self, node):
         """The node inside ``node``'s wrappers (decorators, export, declarations), or None."""
         while node.type in self.spec.wrapper_types:
-            inner = node.child_by_field_name("definition") or node.child_by_field_name("declaration")
+            inner = next(
+                (c for c in map(node.child_by_field_name, self.spec.wrapped_fields) if c), None
+            )
             if inner is None:
                 inner = next(
                     (c for c in reversed(node.named_children) if c.type not in self.spec.comment_types),
@@ -186,8 +197,12 @@ class Chunker:
     def _definition_chunks(self, start, node, definition, parent, out) -> None:
         name = definition_name(self.spec, definition)
         is_class = definition.type in self.spec.class_types
-        if parent is None and not is_class and self.spec.owner_of is not None:
-            parent = self.spec.owner_of(definition)  # a Go method declared outside its type
+        if not is_class and self.spec.owner_of is not None:
+            # A method declared outside its type: Go receivers, C++ `Box::get` (maybe in a
+            # namespace block, whose name then comes first).
+            owner = self.spec.owner_of(definition)
+            if owner:
+                parent = f"{parent}.{owner}" if parent else owner
         qualname = f"{parent}.{name}" if parent and name else name
         kind = "class" if is_class else ("method" if parent else "function")
         end = node.end_byte

@@ -108,6 +108,9 @@ def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]
             # A Go import brings in a whole package, whose names are used qualified
             # (``util.Helper``); references carry only ``Helper``, so all of them are in scope.
             imported = "*"
+        if imported is None and analysis.language in ("c", "cpp"):
+            # `#include "x.h"` brings in all that x.h (and its implementation file) defines.
+            imported = "*"
         if imported is None:
             continue
         for target_path in modules.resolve(path, analysis.language, imp.module):
@@ -125,6 +128,18 @@ def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]
             if sibling != path:
                 for name, chunk_ids in definitions.get(sibling, {}).items():
                     names[name] |= chunk_ids
+    if analysis.language == "java":
+        # A Java package's classes see each other without imports; like Go's, they join the
+        # imported names, so a name both they and an import define stays ambiguous.
+        for sibling in modules.java_package(posixpath.dirname(path)):
+            if sibling != path:
+                for name, chunk_ids in definitions.get(sibling, {}).items():
+                    names[name] |= chunk_ids
+    if analysis.language in ("c", "cpp"):
+        # A header and its implementation file (x.h beside x.c) see each other's definitions.
+        for companion in modules.c_companions(path):
+            for name, chunk_ids in definitions.get(companion, {}).items():
+                names[name] |= chunk_ids
     return names
 
 
@@ -302,3 +317,65 @@ class ModuleResolver:
         return self._javascript(importer, module, self._TS_EXTENSIONS)
 
     _tsx = _typescript
+
+    # -- Java: a package is a directory, a top-level class a file --------------------------
+    def java_package(self, directory: str) -> list[str]:
+        """The .java files directly in ``directory``, or in any directory ending with it."""
+        if not hasattr(self, "_java_dirs"):
+            self._java_dirs: dict[str, list[str]] = defaultdict(list)
+            for path in sorted(self.paths):
+                if path.endswith(".java"):
+                    parts = posixpath.dirname(path).split("/")
+                    for index in range(len(parts)):
+                        self._java_dirs["/".join(parts[index:])].append(path)
+        return self._java_dirs.get(directory, [])
+
+    def _java(self, importer: str, module: str) -> list[str]:
+        """``a.b`` (from ``import a.b.C`` or ``a.b.*``) -> the files of package directory a/b.
+
+        The imported name picks its class out of them (C.java defines C). A static or nested
+        import names a class: ``a.b.Util`` (``import static a.b.Util.max``) -> a/b/Util.java.
+        """
+        stem = module.replace(" ", "").replace(".", "/")
+        return list(self._suffix(f"{stem}.java")) or self.java_package(stem)
+
+    # -- C/C++: `#include "x.h"` is a path ---------------------------------------------------
+    _C_HEADERS = (".h", ".hh", ".hpp", ".hxx", ".h++", ".inl", ".ipp")
+    _C_SOURCES = (".c", ".cc", ".cpp", ".cxx", ".c++")
+
+    def _c(self, importer: str, module: str) -> list[str]:
+        """``"x.h"`` next to the importer, else any x.h by path suffix (``<x.h>`` only so),
+        plus the header's implementation file: x.c/x.cc/x.cpp beside it, or the only one."""
+        system = module.startswith("<")
+        name = posixpath.normpath(module.strip("<>\" \t"))
+        headers: list[str] = []
+        if not system:
+            local = posixpath.normpath(posixpath.join(posixpath.dirname(importer), name))
+            headers = self._exact(local)
+        if not headers:
+            while name.startswith("../"):  # relative to an include dir we don't know
+                name = name[3:]
+            headers = list(self._suffix(name))
+        found = list(headers)
+        for header in headers:
+            stem, ext = posixpath.splitext(header)
+            if ext.lower() not in self._C_HEADERS:
+                continue
+            sources = self._exact(*(stem + e for e in self._C_SOURCES))
+            if not sources:
+                base = posixpath.basename(stem)
+                unique = [self._suffix(base + e) for e in self._C_SOURCES]
+                unique = [path for paths in unique for path in paths]
+                sources = unique if len(unique) == 1 else []
+            found += [path for path in sources if path not in found]
+        return found
+
+    _cpp = _c
+
+    def c_companions(self, path: str) -> list[str]:
+        """x.h's implementation files beside it (x.c, x.cc, x.cpp, ...), or x.c's headers."""
+        stem, ext = posixpath.splitext(path)
+        ext = ext.lower()
+        others = (self._C_SOURCES if ext in self._C_HEADERS
+                  else self._C_HEADERS if ext in self._C_SOURCES else ())
+        return [stem + e for e in others if stem + e in self.paths]

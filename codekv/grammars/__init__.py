@@ -43,8 +43,13 @@ class LanguageSpec:
     class_types: frozenset[str]
     # Wrapper node types whose inner definition decides the chunk (decorators, export).
     wrapper_types: frozenset[str] = frozenset()
+    # Fields of a wrapper holding the wrapped node, tried in order; else its last named child.
+    wrapped_fields: tuple[str, ...] = ("definition", "declaration")
     # Container node types that are transparent for chunking (namespaces, modules).
     namespace_types: frozenset[str] = frozenset()
+    # Node types spliced into their parent's member list, their own tokens becoming loose
+    # text (C preprocessor conditionals, ``extern "C" {``): no chunk, no name of their own.
+    transparent_types: frozenset[str] = frozenset()
     # Field holding a class/namespace's member list, and a function's statement block.
     body_field: str = "body"
     comment_types: frozenset[str] = frozenset({"comment"})
@@ -98,18 +103,78 @@ def _go_receiver(node) -> str | None:
     return target.text.decode("utf-8", "replace")
 
 
+_C_NAMES = frozenset({
+    "identifier", "field_identifier", "type_identifier", "namespace_identifier",
+    "destructor_name", "operator_name",
+})
+_C_QUALIFIED = frozenset({"qualified_identifier", "template_type", "template_function",
+                          "template_method"})
+_C_SPECIFIERS = frozenset({"struct_specifier", "union_specifier", "enum_specifier",
+                           "class_specifier"})
+
+
+def _c_text(node) -> str:
+    return node.text.decode("utf-8", "replace")
+
+
+def _c_inner(node):
+    """One step into a C/C++ declarator: ``*p``, ``&r``, ``(p)``, ``f(...)``, ``a[3]``."""
+    return node.child_by_field_name("declarator") or next(
+        (c for c in node.named_children
+         if c.type.endswith("declarator") or c.type in _C_NAMES or c.type in _C_QUALIFIED
+         or c.type == "operator_cast"),
+        None,
+    )
+
+
+def _c_declared(node) -> str | None:
+    """The name a declarator declares; the last part of a qualified one (``A::b`` -> ``b``)."""
+    while node is not None:
+        if node.type in _C_NAMES:
+            return _c_text(node)
+        if node.type == "operator_cast":  # `operator bool`
+            target = node.child_by_field_name("type")
+            return f"operator {_c_text(target)}" if target is not None else "operator"
+        if node.type == "nested_namespace_specifier":  # `namespace a::b`
+            return ".".join(_c_text(c) for c in node.named_children)
+        if node.type in _C_QUALIFIED:
+            node = node.child_by_field_name("name")
+            continue
+        node = _c_inner(node)
+    return None
+
+
 def _c_name(node) -> str | None:
-    """C/C++ functions keep their name inside nested declarators."""
+    """C/C++ definitions keep their name inside declarators: ``int **f(void)`` -> ``f``.
+
+    A struct/union/enum in a typedef is named by the typedef (``typedef struct {..} point;``).
+    """
+    if node.type in _C_SPECIFIERS and node.parent is not None \
+            and node.parent.type == "type_definition":
+        return _c_declared(node.parent.child_by_field_name("declarator"))
     declarator = node.child_by_field_name("declarator")
-    while declarator is not None:
-        if declarator.type in ("identifier", "field_identifier", "qualified_identifier",
-                               "destructor_name", "operator_name", "type_identifier"):
-            return declarator.text.decode("utf-8", "replace")
-        declarator = declarator.child_by_field_name("declarator") or next(
-            (c for c in declarator.named_children
-             if c.type.endswith(("declarator", "identifier", "_name"))), None
-        )
-    return _node_name(node)
+    if declarator is not None:
+        return _c_declared(declarator)
+    name = node.child_by_field_name("name")
+    return _c_declared(name) if name is not None else None
+
+
+def _cpp_owner(node) -> str | None:
+    """The scope of an out-of-class definition: ``int ns::Box<T>::get()`` -> ``ns.Box``."""
+    if node.type != "function_definition":
+        return None
+    declarator = node.child_by_field_name("declarator")
+    while declarator is not None and declarator.type != "qualified_identifier":
+        if declarator.type in _C_NAMES or declarator.type == "operator_cast":
+            return None
+        declarator = _c_inner(declarator)
+    scopes = []
+    while declarator is not None and declarator.type == "qualified_identifier":
+        scope = declarator.child_by_field_name("scope")
+        if scope is not None:  # `::f` names the global scope
+            scopes.append(_c_declared(scope) or _c_text(scope))
+        declarator = declarator.child_by_field_name("name")
+    return ".".join(scopes) or None
 
 
 _JS_VALUES = frozenset({
@@ -233,11 +298,21 @@ JAVA = LanguageSpec(
     name="java",
     extensions=(".java",),
     load=_loader("tree_sitter_java"),
-    function_types=frozenset({"method_declaration", "constructor_declaration"}),
+    function_types=frozenset({"method_declaration", "constructor_declaration",
+                              "compact_constructor_declaration"}),
     class_types=frozenset({"class_declaration", "interface_declaration", "enum_declaration",
                            "record_declaration", "annotation_type_declaration"}),
+    # An enum's methods sit in a declarations node after its constants.
+    transparent_types=frozenset({"enum_body_declarations"}),
     comment_types=frozenset({"line_comment", "block_comment"}),
 )
+
+# Preprocessor conditionals (header guards, `#ifdef FEATURE`) and `extern "C" {` are no
+# scopes: their contents are chunked as if they stood outside. So is a parse error, which
+# conditionals around unbalanced braces (`#ifdef __cplusplus` + `extern "C" {`) often cause.
+_C_TRANSPARENT = frozenset({"preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif",
+                            "preproc_elifdef", "linkage_specification", "declaration_list",
+                            "ERROR"})
 
 C = LanguageSpec(
     name="c",
@@ -245,6 +320,10 @@ C = LanguageSpec(
     load=_loader("tree_sitter_c"),
     function_types=frozenset({"function_definition"}),
     class_types=frozenset({"struct_specifier", "union_specifier", "enum_specifier"}),
+    # `typedef struct {...} point;` is the struct's chunk; `typedef int id;` is loose.
+    wrapper_types=frozenset({"type_definition"}),
+    wrapped_fields=("type",),
+    transparent_types=_C_TRANSPARENT,
     name_of=_c_name,
 )
 
@@ -255,9 +334,12 @@ CPP = LanguageSpec(
     function_types=frozenset({"function_definition"}),
     class_types=frozenset({"class_specifier", "struct_specifier", "union_specifier",
                            "enum_specifier"}),
-    wrapper_types=frozenset({"template_declaration"}),
-    namespace_types=frozenset({"namespace_definition", "linkage_specification"}),
+    wrapper_types=frozenset({"template_declaration", "type_definition"}),
+    wrapped_fields=("type",),
+    namespace_types=frozenset({"namespace_definition"}),
+    transparent_types=_C_TRANSPARENT,
     name_of=_c_name,
+    owner_of=_cpp_owner,
 )
 
 LANGUAGES: dict[str, LanguageSpec] = {
