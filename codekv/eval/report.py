@@ -1,0 +1,114 @@
+"""Showing results: the rich table, the gate verdicts, the reuse simulation, and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def results_table(rows: list[dict], title: str = "codekv eval") -> Table:
+    table = Table(title=title)
+    for name in ("workload", "method", "tasks", "dNLL", "|dNLL|", "agree", "greedy=", "EM",
+                 "KL", "TTFT s", "speedup", "recomp"):
+        table.add_column(name, justify="left" if name in ("workload", "method") else "right")
+    for r in rows:
+        table.add_row(
+            r["workload"], r["method"], str(r["tasks"]), _num(r["delta_nll"], "+.3f"),
+            _num(r["abs_delta_nll"], ".3f"), _num(r["agreement"], ".1%"),
+            _num(r["greedy_match"], ".0%"), _num(r["exact_match"], ".0%"), _num(r["kl"], ".3f"),
+            _num(r["ttft_s"], ".2f"), _num(r["speedup"], ".1f") + "x",
+            _num(r["recompute_ratio"], ".0%"),
+        )
+    return table
+
+
+def gate_table(entries: list[dict]) -> Table:
+    table = Table(title="support gate")
+    for name in ("family", "workload", "verdict", "method", "reason"):
+        table.add_column(name)
+    for e in entries:
+        verdict = "[green]supported[/green]" if e["passed"] else "[red]unsupported[/red]"
+        table.add_row(e["family"], e["workload"], verdict, e.get("method") or "-", e["reason"])
+    return table
+
+
+def print_report(console: Console, rows: list[dict], entries: list[dict] | None,
+                 reuse: dict | None, notes: list[str]) -> None:
+    console.print(results_table(rows))
+    if entries:
+        console.print(gate_table(entries))
+    if reuse:
+        console.print(
+            f"prefill reuse over {reuse['sessions']} simulated sessions x "
+            f"{reuse['tasks_per_session']} tasks ({reuse['prefill_tokens']} tokens): exact prefix "
+            f"cache {reuse['exact_prefix_share']:.1%}, chunk composition "
+            f"{reuse['composition_share']:.1%} ({reuse['composition_share_after_recompute']:.1%} "
+            f"after recomputing {reuse['recompute_ratio']:.0%})"
+        )
+    for note in notes:
+        console.print(f"[yellow]note[/yellow]: {note}")
+
+
+def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[Path] | str:
+    """Quality vs recompute ratio per strategy, and TTFT vs context length; returns the files,
+    or why there are none (matplotlib is an optional extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'codekv[eval]'): no plots"
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    files = []
+
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7), squeeze=False)
+    for column, workload in enumerate(workloads):
+        mine = [r for r in rows if r["workload"] == workload and r["strategy"] != "full"]
+        for strategy in dict.fromkeys(r["strategy"] for r in mine):
+            points = sorted((r["ratio"], r["abs_delta_nll"], r["agreement"])
+                            for r in mine if r["strategy"] == strategy)
+            if strategy in ("none", "none-norope"):  # no ratio: a level to beat
+                axes[0][column].axhline(points[0][1], linestyle="--", label=strategy,
+                                        color="grey" if strategy == "none" else "silver")
+                axes[1][column].axhline(points[0][2], linestyle="--", label=strategy,
+                                        color="grey" if strategy == "none" else "silver")
+                continue
+            x = [p[0] for p in points]
+            axes[0][column].plot(x, [p[1] for p in points], "o-", label=strategy)
+            axes[1][column].plot(x, [p[2] for p in points], "o-", label=strategy)
+        axes[0][column].set_title(workload)
+        axes[0][column].set_ylabel("mean |delta NLL| (nats/token)")
+        axes[1][column].set_ylabel("greedy agreement")
+        axes[1][column].set_xlabel("recompute ratio")
+        axes[0][column].legend(fontsize="small")
+    fig.tight_layout()
+    files.append(directory / "quality_vs_ratio.png")
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    full = {(m["workload"], m["task"]): m for m in measures if m["strategy"] == "full"}
+    ax.scatter([m["context_tokens"] for m in full.values()],
+               [m["ttft_s"] for m in full.values()], label="full prefill", marker="s")
+    for method in dict.fromkeys(m["method"] for m in measures if m["strategy"] != "full"):
+        if method.endswith("@0.15") or method == "none":
+            mine = [m for m in measures if m["method"] == method]
+            ax.scatter([m["context_tokens"] for m in mine], [m["ttft_s"] for m in mine],
+                       label=method, s=12)
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("TTFT (s)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    files.append(directory / "ttft_vs_context.png")
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+    return files

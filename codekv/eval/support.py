@@ -1,0 +1,103 @@
+"""The support gate's verdicts: which (model family, workload) pairs may compose, and how.
+
+A pair passes when some composition strategy met every threshold on enough tasks; the entry
+then names the cheapest such strategy and ratio (least recomputed, then fastest). A pair that
+was evaluated and failed gets an entry that says why, with the measurements of the candidate
+closest to passing. A pair never evaluated gets no entry: the gate treats it as unsupported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# What a request may actually be composed with (none-norope is a baseline that shows damage;
+# "all" recomputes everything and cannot be faster than full prefill).
+GATE_STRATEGIES = ("none", "boundary", "deviation", "anchors", "hybrid")
+MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_se", "agreement", "greedy_match", "kl",
+                 "exact_match", "ttft_s", "full_ttft_s", "speedup", "recompute_ratio",
+                 "context_tokens")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_abs_delta_nll: float = 0.05  # |mean answer NLL difference|, nats/token
+    min_agreement: float = 0.95  # greedy top-1 agreement with full prefill
+    min_speedup: float = 2.0  # TTFT of full prefill over composed TTFT (store read included)
+    min_tasks: int = 10  # fewer tasks are not evidence
+
+
+def failures(row: dict, thresholds: Thresholds) -> list[str]:
+    """Why a result row does not meet the thresholds (empty when it does)."""
+    t = thresholds
+    out = []
+    if row["tasks"] < t.min_tasks:
+        out.append(f"only {row['tasks']} tasks (need {t.min_tasks})")
+    if row.get("fallbacks"):
+        out.append(f"{row['fallbacks']} requests fell back to full prefill")
+    if abs(row["delta_nll"]) > t.max_abs_delta_nll:
+        out.append(f"|delta NLL| {abs(row['delta_nll']):.3f} > {t.max_abs_delta_nll}")
+    if row["agreement"] < t.min_agreement:
+        out.append(f"agreement {row['agreement']:.3f} < {t.min_agreement}")
+    if row["speedup"] is None or row["speedup"] < t.min_speedup:
+        speedup = "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+        out.append(f"speedup {speedup} < {t.min_speedup}x")
+    return out
+
+
+def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresholds(),
+                 model: str | None = None) -> list[dict]:
+    """One entry per workload in ``rows``: the verdict for (family, workload)."""
+    entries = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        candidates = [r for r in rows
+                      if r["workload"] == workload and r["strategy"] in GATE_STRATEGIES]
+        judged = [(r, failures(r, thresholds)) for r in candidates]
+        passing = [r for r, why in judged if not why]
+        entry = {"family": family, "workload": workload, "model": model,
+                 "thresholds": asdict(thresholds)}
+        if passing:
+            best = min(passing, key=lambda r: (r["recompute_ratio"], r["ratio"], -r["speedup"]))
+            entry.update(passed=True, strategy=best["strategy"], ratio=best["ratio"],
+                         method=best["method"], measured=_measured(best),
+                         reason=f"{best['method']} meets every threshold")
+        elif judged:
+            closest, why = min(judged, key=lambda j: (len(j[1]), abs(j[0]["delta_nll"])))
+            entry.update(passed=False, strategy=None, ratio=None, method=None,
+                         closest=closest["method"], measured=_measured(closest),
+                         reason=f"no strategy meets the thresholds; closest {closest['method']}: "
+                                + "; ".join(why))
+        else:
+            entry.update(passed=False, strategy=None, ratio=None, method=None, measured={},
+                         reason="no composition strategy was evaluated")
+        entry["candidates"] = [{"method": r["method"], "passed": not why, "failures": why}
+                               for r, why in judged]
+        entries.append(entry)
+    return entries
+
+
+def _measured(row: dict) -> dict:
+    return {key: row.get(key) for key in MEASURED_KEYS}
+
+
+def support_document(entries: list[dict], command: str, model: dict, config: dict) -> dict:
+    return {
+        "format": 1,
+        "generated_by": command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": model,
+        "config": config,
+        "entries": entries,
+    }
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write atomically: a reader (the gate) never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)

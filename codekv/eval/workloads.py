@@ -1,0 +1,406 @@
+"""Evaluation workloads, generated reproducibly from a seed out of material no one here wrote.
+
+- ``code-qa``: from a git repository (default: the standard library). Cross-chunk completion: a
+  function using a name defined in another chunk (from the def-use graph); the context holds
+  the defining chunk, related chunks and distractors in random order; the query is the
+  function up to the line using the name (the name not yet seen in it); the answer is that
+  line. Plus definition questions answered by exact strings of the code: what a function
+  returns, which call comes first in it.
+- ``rag``: the Python documentation's topic pages (``pydoc_data.topics``) cut into passages;
+  the question quotes the start of a sentence of one passage, the answer is how it goes on.
+- ``tool-docs``: ``--help`` of standard-library command lines; the question describes an
+  option in the words of its help, the answer is the option.
+
+A task's context length is drawn between half the requested length and all of it, so the
+results cover a range of lengths. Every choice goes through one ``random.Random`` seeded with the workload and the seed, over
+inputs in a sorted order, so a seed always gives the same tasks (for the same counter).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from codekv import gitrepo
+from codekv.chunks import Chunk
+from codekv.compose import Passage
+from codekv.eval.tooldocs import ToolDoc, tool_docs
+
+WORKLOADS = ("code-qa", "rag", "tool-docs")
+FUNCTION_KINDS = ("function", "method")
+Counter = Callable[[str], int]
+
+
+def approx_tokens(text: str) -> int:
+    """A model-free token estimate (about 4 characters a token) for generating without a model."""
+    return max(1, len(text) // 4)
+
+
+@dataclass
+class Task:
+    workload: str
+    id: str
+    kind: str  # completion, returns, calls, quote, option
+    context: list  # Chunk or Passage objects, in request order
+    query: str
+    answer: str
+    source: str  # where the answer is written: a context item, or the query's function
+    meta: dict = field(default_factory=dict)
+
+    def context_names(self) -> list[str]:
+        return [item_name(item) for item in self.context]
+
+    def as_json(self) -> dict:
+        return {"workload": self.workload, "id": self.id, "kind": self.kind,
+                "context": self.context_names(), "query": self.query, "answer": self.answer,
+                "source": self.source, **self.meta}
+
+
+def item_name(item) -> str:
+    if isinstance(item, Passage):
+        return item.name
+    name = f"{item.path}::{item.qualname}" if item.qualname else f"{item.path}@{item.start_line}"
+    return f"{name}#{item.part}" if item.part else name
+
+
+def length(context_tokens: int, rng: random.Random) -> int:
+    """A task's context length: from half of ``context_tokens`` to all of it, so results (and
+    the TTFT plot) cover a range of lengths rather than one."""
+    return rng.randint(context_tokens // 2, context_tokens)
+
+
+def generate(workload: str, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
+             index=None, max_query_tokens: int = 256) -> list[Task]:
+    if workload == "code-qa":
+        if index is None:
+            raise ValueError("code-qa needs an index of a repository")
+        return code_qa(index, n, seed, context_tokens, count, max_query_tokens)
+    if workload == "rag":
+        return rag(n, seed, context_tokens, count)
+    if workload == "tool-docs":
+        return tool_doc_tasks(n, seed, context_tokens, count)
+    raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+
+
+# -- code-qa ---------------------------------------------------------------------------------
+class CodeSource:
+    """The repository's Python chunks in a stable order, their text and their def-use links."""
+
+    def __init__(self, index, count: Counter):
+        self.index = index
+        self.count = count
+        chunks = [c for c in index.chunks() if c.language == "python" and c.kind != "text"]
+        self.chunks = sorted(chunks, key=lambda c: (c.path, c.start_byte, c.end_byte))
+        self.by_id = {c.id: c for c in self.chunks}
+        self._files = {f.path: f for f in index.files()}
+        self._reader = gitrepo.BlobReader(index.repo.path)
+        self._tokens: dict[str, int] = {}
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - one source per evaluation
+    def data(self, path: str) -> bytes:
+        return self._reader.read(self._files[path])
+
+    def text(self, chunk: Chunk) -> str:
+        return chunk.text(self.data(chunk.path)).decode("utf-8", "replace")
+
+    def tokens(self, chunk: Chunk) -> int:
+        """Tokens of the chunk as the composer presents it (path header, code, blank line)."""
+        if chunk.id not in self._tokens:
+            self._tokens[chunk.id] = self.count(f"# {chunk.path}\n{self.text(chunk)}\n\n")
+        return self._tokens[chunk.id]
+
+    def uses(self, chunk: Chunk) -> list:
+        """Uses resolved to another chunk of this source, in source order."""
+        return sorted((u for u in self.index.uses(chunk)
+                       if u.target != chunk.id and u.target in self.by_id),
+                      key=lambda u: (u.start_byte, u.end_byte))
+
+    def fill(self, required: list[Chunk], query_chunk: Chunk | None, context_tokens: int,
+             rng: random.Random) -> list[Chunk]:
+        """``required`` plus random distractors up to ``context_tokens``, in random order."""
+        items = list(required)
+        total = sum(self.tokens(c) for c in items)
+        chosen = {c.id for c in items}
+        for _ in range(400):
+            if total >= 0.9 * context_tokens:
+                break
+            candidate = self.chunks[rng.randrange(len(self.chunks))]
+            if candidate.id in chosen or _overlaps(candidate, query_chunk):
+                continue
+            size = self.tokens(candidate)
+            if total + size > context_tokens:
+                continue
+            items.append(candidate)
+            chosen.add(candidate.id)
+            total += size
+        rng.shuffle(items)
+        return items
+
+
+def _overlaps(a: Chunk, b: Chunk | None) -> bool:
+    if b is None or a.path != b.path:
+        return False
+    return a.start_byte < b.end_byte and b.start_byte < a.end_byte
+
+
+def code_qa(index, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
+            max_query_tokens: int = 256, definition_share: float = 0.3) -> list[Task]:
+    rng = random.Random(f"code-qa:{seed}")
+    source = CodeSource(index, count)
+    functions = [c for c in source.chunks if c.kind in FUNCTION_KINDS and c.part == 0]
+    completions = [c for c in functions if source.uses(c)]
+    definitions = [c for c in functions if any(a.kind in ("return", "call") for a in c.anchors)]
+    rng.shuffle(completions)
+    rng.shuffle(definitions)
+    tasks: list[Task] = []
+    used: set[str] = set()
+    while len(tasks) < n and (completions or definitions):
+        want_definition = rng.random() < definition_share
+        pool = definitions if (want_definition and definitions) or not completions else completions
+        chunk = pool.pop()
+        if chunk.id in used:
+            continue
+        build = _definition_task if pool is definitions else _completion_task
+        task = build(source, chunk, context_tokens, max_query_tokens, rng)
+        if task is not None:
+            used.add(chunk.id)
+            task.id = f"code-qa-{seed}-{len(tasks)}"
+            tasks.append(task)
+    return tasks
+
+
+def _line_bounds(data: bytes, start: int, end: int) -> tuple[int, int]:
+    first = data.rfind(b"\n", 0, start) + 1
+    last = data.find(b"\n", end)
+    return first, len(data) if last < 0 else last
+
+
+def _related(source: CodeSource, chunk: Chunk, exclude: set[str], limit: int,
+             context_tokens: int, rng: random.Random) -> list[Chunk]:
+    """Up to ``limit`` other chunks ``chunk`` uses: the neighbours an agent would also read."""
+    ids = sorted({u.target for u in source.uses(chunk)} - exclude)
+    fitting = [source.by_id[i] for i in ids]
+    fitting = [c for c in fitting
+               if source.tokens(c) <= context_tokens // 4 and not _overlaps(c, chunk)]
+    return rng.sample(fitting, min(limit, len(fitting)))
+
+
+def _completion_task(source: CodeSource, chunk: Chunk, context_tokens: int,
+                     max_query_tokens: int, rng: random.Random) -> Task | None:
+    data = source.data(chunk.path)
+    first_line = data.rfind(b"\n", 0, chunk.start_byte) + 1
+    for use in source.uses(chunk):
+        target = source.by_id[use.target]
+        start, end = _line_bounds(data, use.start_byte, use.end_byte)
+        if start <= first_line or end > chunk.end_byte or _overlaps(target, chunk):
+            continue
+        line = data[start:end].decode("utf-8", "replace")
+        stripped = line.strip()
+        if not 8 <= len(stripped) <= 100 or stripped.startswith(("#", "@")):
+            continue
+        prefix = data[first_line:start].decode("utf-8", "replace")
+        if use.name in prefix:
+            continue  # seen before in the function: the query would give the answer away
+        query = f"# {chunk.path}\n{prefix}"
+        if source.count(query) > max_query_tokens:
+            return None  # later uses only make the query longer
+        if source.tokens(target) > context_tokens // 2:
+            continue
+        related = _related(source, chunk, {target.id, chunk.id}, 2, context_tokens, rng)
+        context = source.fill([target, *related], chunk, length(context_tokens, rng), rng)
+        return Task("code-qa", "", "completion", context, query, line, item_name(chunk),
+                    {"definition": item_name(target), "name": use.name})
+    return None
+
+
+_CALLEE = re.compile(r"^[A-Za-z_][\w.]*$")
+
+
+def _definition_task(source: CodeSource, chunk: Chunk, context_tokens: int,
+                     max_query_tokens: int, rng: random.Random) -> Task | None:
+    if source.tokens(chunk) > context_tokens // 2:
+        return None
+    data = source.data(chunk.path)
+    defs = [a for a in chunk.anchors if a.kind == "def"]
+    body = defs[0].end_byte if defs else chunk.start_byte
+    questions = []
+    returns = [a for a in chunk.anchors if a.kind == "return"]
+    if len(returns) == 1:
+        text = data[returns[0].start_byte:returns[0].end_byte].decode("utf-8", "replace")
+        expr = text[len("return "):].strip() if text.startswith("return ") else ""
+        if "\n" not in text and 2 <= len(expr) <= 60:
+            questions.append(("returns", f"what does {chunk.qualname}() return?",
+                              f"{chunk.qualname}() returns", expr))
+    calls = sorted((a for a in chunk.anchors if a.kind == "call" and a.start_byte > body),
+                   key=lambda a: a.start_byte)
+    if calls:
+        text = data[calls[0].start_byte:calls[0].end_byte].decode("utf-8", "replace")
+        callee = text.split("(", 1)[0].strip()
+        if _CALLEE.match(callee) and 3 <= len(callee) <= 40 and callee not in vars(builtins):
+            questions.append(("calls", f"which function does {chunk.qualname}() call first?",
+                              f"{chunk.qualname}() first calls", callee))
+    if not questions:
+        return None
+    kind, question, lead, answer = questions[rng.randrange(len(questions))]
+    query = f"# Question: in {chunk.path}, {question}\n# Answer: {lead}"
+    related = _related(source, chunk, {chunk.id}, 2, context_tokens, rng)
+    context = source.fill([chunk, *related], None, length(context_tokens, rng), rng)
+    return Task("code-qa", "", kind, context, query, " " + answer, item_name(chunk),
+                {"definition": item_name(chunk)})
+
+
+# -- rag -------------------------------------------------------------------------------------
+_UNDERLINE = re.compile(r"^[*=\-~^]{3,}$")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
+
+
+@functools.lru_cache(maxsize=4)
+def doc_passages(passage_tokens: int = 256, count: Counter = approx_tokens) -> tuple[Passage, ...]:
+    """The documentation's topic pages cut into passages of about ``passage_tokens``.
+
+    Wrapped prose paragraphs are joined into one line each (code blocks stay as they are), so
+    a sentence is a plain substring of its passage.
+    """
+    from pydoc_data.topics import topics
+
+    passages = []
+    for topic in sorted(topics):
+        lines = topics[topic].splitlines()
+        title = lines[0].strip() if lines else topic
+        paragraphs = []
+        for block in re.split(r"\n\s*\n", "\n".join(lines[1:])):
+            rows = [r for r in block.splitlines() if not _UNDERLINE.match(r.strip())]
+            if not any(r.strip() for r in rows):
+                continue
+            if rows[0].startswith(" "):
+                paragraphs.append("\n".join(rows))  # a code block or an indented list
+            else:
+                paragraphs.append(" ".join(" ".join(rows).split()))
+        group: list[str] = []
+        size = 0
+        for paragraph in paragraphs:
+            tokens = count(paragraph)
+            if group and size + tokens > passage_tokens:
+                passages.append(_passage(topic, title, len(passages), group))
+                group, size = [], 0
+            group.append(paragraph)
+            size += tokens
+        if group:
+            passages.append(_passage(topic, title, len(passages), group))
+    return tuple(passages)
+
+
+def _passage(topic: str, title: str, number: int, paragraphs: list[str]) -> Passage:
+    return Passage(f"{title}\n\n" + "\n\n".join(paragraphs), f"{topic}#{number}", "passage")
+
+
+def _fill_passages(required: list[Passage], pool, context_tokens: int, count: Counter,
+                   rng: random.Random, avoid: str | None = None) -> list[Passage]:
+    items = list(required)
+    total = sum(count(p.text) for p in items)
+    chosen = {p.name for p in items}
+    topics = {p.name.split("#")[0] for p in items}
+    for _ in range(400):
+        if total >= 0.9 * context_tokens:
+            break
+        candidate = pool[rng.randrange(len(pool))]
+        if candidate.name in chosen or candidate.name.split("#")[0] in topics:
+            continue
+        if avoid and avoid in candidate.text:
+            continue
+        size = count(candidate.text)
+        if total + size > context_tokens:
+            continue
+        items.append(candidate)
+        chosen.add(candidate.name)
+        total += size
+    rng.shuffle(items)
+    return items
+
+
+def rag(n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
+        passage_tokens: int | None = None) -> list[Task]:
+    rng = random.Random(f"rag:{seed}")
+    passage_tokens = passage_tokens or max(96, min(384, context_tokens // 6))
+    passages = list(doc_passages(passage_tokens, count))
+    fitting = [p for p in passages if count(p.text) <= context_tokens // 2]
+    order = list(range(len(fitting)))
+    rng.shuffle(order)
+    corpus = "\n".join(p.text for p in passages)
+    tasks = []
+    for position in order:
+        if len(tasks) >= n:
+            break
+        passage = fitting[position]
+        quote = _quote(passage, corpus, rng)
+        if quote is None:
+            continue
+        start, rest = quote
+        title = passage.text.split("\n", 1)[0]
+        query = f"Quote from the documentation above ({title}):\n\"{start}"
+        context = _fill_passages([passage], fitting, length(context_tokens, rng), count, rng,
+                                 avoid=start)
+        tasks.append(Task("rag", f"rag-{seed}-{len(tasks)}", "quote", context, query,
+                          " " + rest, passage.name))
+    return tasks
+
+
+def _quote(passage: Passage, corpus: str, rng: random.Random) -> tuple[str, str] | None:
+    """A sentence start found once in the whole documentation, and up to 8 words after it."""
+    sentences = []
+    for paragraph in passage.text.split("\n\n")[1:]:
+        if paragraph.startswith(" ") or "\n" in paragraph:
+            continue
+        for sentence in _SENTENCE_END.split(paragraph):
+            words = sentence.split(" ")
+            if 10 <= len(words) <= 40 and ">>>" not in sentence and "::" not in sentence:
+                sentences.append(words)
+    rng.shuffle(sentences)
+    for words in sentences:
+        cut = rng.randrange(5, len(words) - 3)
+        start, rest = " ".join(words[:cut]), " ".join(words[cut:cut + 8])
+        if corpus.count(start) == 1:
+            return start, rest
+    return None
+
+
+# -- tool-docs -------------------------------------------------------------------------------
+def tool_passage(doc: ToolDoc) -> Passage:
+    return Passage(f"$ {doc.command} --help\n{doc.text}", doc.command, "tool-doc")
+
+
+def _describe(help_text: str) -> str:
+    """An option's help up to its first sentence end or parenthesis: the question's words."""
+    text = re.split(r"(?<=[a-z])\.\s|\s\(", help_text, maxsplit=1)[0].rstrip(".")
+    return text[:120]
+
+
+def tool_doc_tasks(n: int, seed: int, context_tokens: int,
+                   count: Counter = approx_tokens) -> list[Task]:
+    rng = random.Random(f"tool-docs:{seed}")
+    docs = tool_docs()
+    passages = {doc.module: tool_passage(doc) for doc in docs}
+    pool = [p for p in passages.values() if count(p.text) <= context_tokens // 2]
+    candidates = []
+    for doc in docs:
+        if count(passages[doc.module].text) > context_tokens // 2:
+            continue
+        described = [_describe(o.help) for o in doc.options]
+        for option, words in zip(doc.options, described):
+            if len(words) >= 10 and described.count(words) == 1:
+                candidates.append((doc, option, words))
+    rng.shuffle(candidates)
+    tasks = []
+    for doc, option, words in candidates[:n]:
+        query = (f"Question: which option of `{doc.command}` does this: \"{words}\"?\n"
+                 f"Answer: `{doc.command}")
+        context = _fill_passages([passages[doc.module]], pool, length(context_tokens, rng),
+                                 count, rng)
+        tasks.append(Task("tool-docs", f"tool-docs-{seed}-{len(tasks)}", "option", context,
+                          query, " " + option.name, passages[doc.module].name,
+                          {"flags": list(option.flags)}))
+    return tasks
