@@ -271,3 +271,13 @@ def prefill(repo, model, limit, store):
     stats = composer.store.stats()
     console.print(f"computed {computed}, already cached {cached}; store: {stats.entries} entries, "
                   f"{stats.bytes / 1e6:.1f} MB")
+
+
+def _register_eval() -> None:
+    """``codekv eval`` lives in codekv.eval.command (it imports torch only when run)."""
+    from codekv.eval.command import eval_command
+
+    main.add_command(eval_command)
+
+
+_register_eval()
