@@ -102,6 +102,14 @@ def _resolve(name, local, imported, everywhere) -> set[str] | None:
 def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]:
     """Names a file imports, mapped to the chunks defining them in the imported files."""
     names: dict[str, set[str]] = defaultdict(set)
+    # Only names the file uses matter: a wildcard (a C header, a Go or Java package) may
+    # define thousands.
+    used = {ref.name for ref in analysis.references}
+
+    def merge_all(target_defs):
+        for name in target_defs.keys() & used:
+            names[name] |= target_defs[name]
+
     for imp in analysis.imports:
         imported = imp.name
         if imported is None and analysis.language == "go" and imp.alias != "_":
@@ -116,8 +124,7 @@ def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]
         for target_path in modules.resolve(path, analysis.language, imp.module):
             target_defs = definitions.get(target_path, {})
             if imported == "*":
-                for name, chunk_ids in target_defs.items():
-                    names[name] |= chunk_ids
+                merge_all(target_defs)
             elif imported in target_defs:
                 names[imp.alias or imported] |= target_defs[imported]
     if analysis.language == "go":
@@ -126,20 +133,17 @@ def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]
         # package define stays ambiguous instead of being guessed.
         for sibling in modules.go_package(posixpath.dirname(path)):
             if sibling != path:
-                for name, chunk_ids in definitions.get(sibling, {}).items():
-                    names[name] |= chunk_ids
+                merge_all(definitions.get(sibling, {}))
     if analysis.language == "java":
         # A Java package's classes see each other without imports; like Go's, they join the
         # imported names, so a name both they and an import define stays ambiguous.
         for sibling in modules.java_package(posixpath.dirname(path)):
             if sibling != path:
-                for name, chunk_ids in definitions.get(sibling, {}).items():
-                    names[name] |= chunk_ids
+                merge_all(definitions.get(sibling, {}))
     if analysis.language in ("c", "cpp"):
         # A header and its implementation file (x.h beside x.c) see each other's definitions.
         for companion in modules.c_companions(path):
-            for name, chunk_ids in definitions.get(companion, {}).items():
-                names[name] |= chunk_ids
+            merge_all(definitions.get(companion, {}))
     return names
 
 
@@ -347,6 +351,14 @@ class ModuleResolver:
         """``"x.h"`` next to the importer, else any x.h by path suffix (``<x.h>`` only so),
         plus the header's implementation file: x.c/x.cc/x.cpp beside it, or the only one."""
         system = module.startswith("<")
+        # The answer depends on the importer's directory only; big C trees repeat includes.
+        key = (None if system else posixpath.dirname(importer), module)
+        cache = self.__dict__.setdefault("_c_cache", {})
+        if key not in cache:
+            cache[key] = self._c_resolve(importer, module, system)
+        return cache[key]
+
+    def _c_resolve(self, importer: str, module: str, system: bool) -> list[str]:
         name = posixpath.normpath(module.strip("<>\" \t"))
         headers: list[str] = []
         if not system:
