@@ -63,7 +63,7 @@ def canonical_command(config) -> str:
                    "of its modules).")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOAD_NAMES),
               help="Workloads to run (default: all).")
-@click.option("--tasks", type=int, default=None, help="Tasks per workload [16; --quick 2].")
+@click.option("--tasks", type=int, default=None, help="Tasks per workload [12; --quick 2].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ratios", default=None,
               help="Recompute ratios, comma-separated [0,0.05,0.1,0.15,0.25; --quick 0.15].")
@@ -104,7 +104,7 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, context_token
         config = EvalConfig.quick_config(**options)
     else:
         config = EvalConfig(**{k: v for k, v in options.items() if v is not None})
-    console = Console()
+    console = Console(width=max(140, Console().width))  # the table needs room, even in a pipe
     try:
         result = _run_with_progress(config, evaluate)
     except ModelLoadError as error:

@@ -24,7 +24,7 @@ QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens
 class EvalConfig:
     repo: str | None = None  # default: the standard library (a small part of it with quick)
     workloads: tuple[str, ...] = WORKLOADS
-    tasks: int = 16  # per workload
+    tasks: int = 12  # per workload
     seed: int = 0
     strategies: tuple[str, ...] = runner.STRATEGIES
     ratios: tuple[float, ...] = runner.RATIOS

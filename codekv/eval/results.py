@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from statistics import fmean, stdev
+from statistics import fmean, median, stdev
 
 # The keys every result row has (the JSON schema of ``results``), in table order.
 ROW_KEYS = (
@@ -17,8 +17,8 @@ ROW_KEYS = (
 def aggregate(measures) -> list[dict]:
     """One row per (workload, method), in the order first measured.
 
-    ``speedup`` is total full-prefill TTFT over total method TTFT (a ratio of means, which
-    one slow outlier moves less than a mean of ratios).
+    ``speedup`` is the median over tasks of full prefill's TTFT over the method's: a stall of
+    the machine during one request (other processes on the cores) moves a mean, not a median.
     """
     groups: dict[tuple[str, str], list] = {}
     for m in measures:
@@ -26,7 +26,7 @@ def aggregate(measures) -> list[dict]:
     rows = []
     for (workload, method), group in groups.items():
         deltas = [m.delta_nll for m in group]
-        ttft = sum(m.ttft_s for m in group)
+        ratios = [m.full_ttft_s / m.ttft_s for m in group if m.ttft_s > 0]
         rows.append({
             "workload": workload,
             "method": method,
@@ -42,9 +42,9 @@ def aggregate(measures) -> list[dict]:
             "exact_match": fmean(float(m.exact_match) for m in group),
             "kl": fmean(m.kl for m in group),
             "kl_answer": fmean(m.kl_answer for m in group),
-            "ttft_s": ttft / len(group),
+            "ttft_s": fmean(m.ttft_s for m in group),
             "full_ttft_s": fmean(m.full_ttft_s for m in group),
-            "speedup": sum(m.full_ttft_s for m in group) / ttft if ttft > 0 else None,
+            "speedup": median(ratios) if ratios else None,
             "recompute_ratio": fmean(m.recompute_ratio for m in group),
             "context_tokens": fmean(m.context_tokens for m in group),
             "store_load_s": fmean(m.store_load_s for m in group),

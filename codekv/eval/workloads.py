@@ -12,8 +12,9 @@
   option in the words of its help, the answer is the option.
 
 A task's context length is drawn between half the requested length and all of it, so the
-results cover a range of lengths. Every choice goes through one ``random.Random`` seeded with the workload and the seed, over
-inputs in a sorted order, so a seed always gives the same tasks (for the same counter).
+results cover a range of lengths. Every choice goes through one ``random.Random`` seeded with
+the workload and the seed, over inputs in a sorted order, so a seed always gives the same tasks
+(for the same token counter).
 """
 
 from __future__ import annotations
