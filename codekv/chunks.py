@@ -185,9 +185,9 @@ class Chunker:
                 (c for c in map(node.child_by_field_name, self.spec.wrapped_fields) if c), None
             )
             if inner is None:
+                comments = self.spec.comment_types
                 inner = next(
-                    (c for c in reversed(node.named_children) if c.type not in self.spec.comment_types),
-                    None,
+                    (c for c in reversed(node.named_children) if c.type not in comments), None
                 )
             if inner is None:
                 return None
@@ -267,9 +267,8 @@ class Chunker:
             else:
                 groups.append([(start, end)])
         for group in groups:
-            out.append(
-                _Piece(owner.kind, group[0][0], group[-1][1], owner.name, owner.qualname, owner.parent)
-            )
+            start, end = group[0][0], group[-1][1]
+            out.append(_Piece(owner.kind, start, end, owner.name, owner.qualname, owner.parent))
 
     def _line_start(self, offset: int) -> int:
         """The start of the line holding ``offset`` when only indentation precedes it."""

@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def home() -> Path:
-    """The codekv directory: ``$CODEKV_HOME``, else ``$XDG_CACHE_HOME/codekv``, else ``~/.cache/codekv``.
+    """The codekv directory: ``$CODEKV_HOME``, else ``$XDG_CACHE_HOME/codekv``, else
+    ``~/.cache/codekv``.
 
     Created owner-only (0700): cached KV and chunk text encode the user's code.
     """

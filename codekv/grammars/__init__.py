@@ -22,10 +22,10 @@ of milliseconds, which per file would dominate indexing).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import PurePosixPath
-from typing import Callable
 
 from tree_sitter import Language, Parser, Query
 
