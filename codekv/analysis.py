@@ -5,6 +5,8 @@ and stored per blob, so an unchanged blob is never analysed twice.
 
 from __future__ import annotations
 
+import bisect
+import functools
 from dataclasses import dataclass, field
 
 from tree_sitter import QueryCursor
@@ -87,7 +89,9 @@ class Analyzer:
         if language == TEXT:
             pieces = text_pieces(source, self.counter.count, self.budget)
             chunks = self._chunks(blob_hash, language, source, pieces)
-            return BlobAnalysis(blob_hash, language, self.chunker, chunks, decode_errors=decode_errors)
+            return BlobAnalysis(
+                blob_hash, language, self.chunker, chunks, decode_errors=decode_errors
+            )
         spec = grammars.LANGUAGES[language]
         parser = self._parsers.get(language) or self._parsers.setdefault(
             language, grammars.parser(language)
@@ -103,15 +107,18 @@ class Analyzer:
             syntax_errors=_count_errors(tree.root_node),
             decode_errors=decode_errors,
         )
-        _extract(analysis, grammars.query(language), tree.root_node)
+        _extract(analysis, grammars.query(language), tree.root_node, source)
         return analysis
 
     def _chunks(self, blob_hash, language, source, pieces) -> list[Chunk]:
+        lines = _LineNumbers(source)
+        count = self.counter.count
         chunks = []
         for piece, part in zip(pieces, number_parts(pieces)):
+            start, end = piece.start, piece.end
             chunks.append(
                 Chunk(
-                    id=chunk_id(blob_hash, language, piece.start, piece.end, self.chunker),
+                    id=chunk_id(blob_hash, language, start, end, self.chunker),
                     blob_hash=blob_hash,
                     language=language,
                     kind=piece.kind,
@@ -119,21 +126,40 @@ class Analyzer:
                     qualname=piece.qualname,
                     parent=piece.parent,
                     part=part,
-                    start_byte=piece.start,
-                    end_byte=piece.end,
-                    start_line=source.count(b"\n", 0, piece.start) + 1,
-                    end_line=source.count(b"\n", 0, max(piece.start, piece.end - 1)) + 1,
-                    n_tokens=self.counter.count(piece.start, piece.end),
+                    start_byte=start,
+                    end_byte=end,
+                    start_line=lines.at(start),
+                    end_line=lines.at(max(start, end - 1)),
+                    n_tokens=count(start, end),
                 )
             )
         return chunks
 
 
-def _text(node) -> str:
-    return node.text.decode("utf-8", "replace")
+class _LineNumbers:
+    """1-based line numbers of byte offsets; counting from the last offset asked, not from 0.
+
+    Chunks come in file order, so each count scans only the bytes since the previous one
+    (counting from 0 for every chunk made line numbering quadratic in the file size).
+    """
+
+    def __init__(self, source: bytes):
+        self.source = source
+        self.offset = 0
+        self.line = 1
+
+    def at(self, offset: int) -> int:
+        if offset >= self.offset:
+            self.line += self.source.count(b"\n", self.offset, offset)
+        else:
+            self.line -= self.source.count(b"\n", offset, self.offset)
+        self.offset = offset
+        return self.line
 
 
 def _has_decode_errors(source: bytes) -> bool:
+    if source.isascii():
+        return False
     try:
         source.decode("utf-8")
     except UnicodeDecodeError:
@@ -156,74 +182,107 @@ def _count_errors(root) -> int:
     return count
 
 
-class _ChunkLocator:
-    """Maps a byte offset to the chunk holding it (chunks do not overlap)."""
-
-    def __init__(self, chunks: list[Chunk]):
-        self.chunks = sorted(chunks, key=lambda c: c.start_byte)
-        self.starts = [c.start_byte for c in self.chunks]
-
-    def at(self, offset: int) -> Chunk | None:
-        import bisect
-
-        index = bisect.bisect_right(self.starts, offset) - 1
-        if index >= 0 and offset < self.chunks[index].end_byte:
-            return self.chunks[index]
-        return None
+# What each capture name does in ``_extract``.
+_DEF, _CALL, _REF, _FLOW, _ASSIGN, _IMPORT = range(6)
 
 
-def _extract(analysis: BlobAnalysis, query, root) -> None:
-    """Turn query matches into anchors (per chunk), definitions, references and imports."""
-    locate = _ChunkLocator(analysis.chunks).at
+@functools.cache
+def _role(capture: str) -> tuple[int | None, str]:
+    if capture.startswith("definition."):
+        return _DEF, capture[11:]
+    if capture == "call":
+        return _CALL, "call"
+    if capture.startswith("reference."):
+        return _REF, capture[10:]
+    if capture in ("branch", "return"):
+        return _FLOW, capture
+    if capture == "assign":
+        return _ASSIGN, capture
+    if capture == "import":
+        return _IMPORT, capture
+    return None, capture
+
+
+def _extract(analysis: BlobAnalysis, query, root, source: bytes) -> None:
+    """Turn query matches into anchors (per chunk), definitions, references and imports.
+
+    The hot loop of indexing (a million captures in the standard library): node positions are
+    read once, names are sliced from ``source``, and chunks are found by bisection.
+    """
+    ordered = sorted(analysis.chunks, key=lambda c: c.start_byte)
+    starts = [c.start_byte for c in ordered]
+    ends = [c.end_byte for c in ordered]
+    definitions, references, imports = (
+        analysis.definitions, analysis.references, analysis.imports
+    )
+    bisect_right = bisect.bisect_right
     seen: set[tuple] = set()
 
-    def anchor(kind: str, name: str, node) -> Chunk | None:
-        chunk = locate(node.start_byte)
+    def locate(offset: int) -> Chunk | None:
+        index = bisect_right(starts, offset) - 1
+        if index >= 0 and offset < ends[index]:
+            return ordered[index]
+        return None
+
+    def anchor(kind: str, name: str, start: int, end: int) -> Chunk | None:
+        chunk = locate(start)
         if chunk is None:
             return None
-        key = (kind, node.start_byte, node.end_byte, name)
+        key = (kind, start, end, name)
         if key not in seen:
             seen.add(key)
-            chunk.anchors.append(Anchor(kind, name, node.start_byte, node.end_byte))
+            chunk.anchors.append(Anchor(kind, name, start, end))
         return chunk
 
+    def spans(nodes) -> list[tuple[int, int, str]]:
+        out = []
+        for node in nodes:
+            start, end = node.start_byte, node.end_byte
+            out.append((start, end, source[start:end].decode("utf-8", "replace")))
+        return out
+
     for _, captures in QueryCursor(query).matches(root):
-        names = captures.get("name", [])
+        names = None
         for capture, nodes in captures.items():
+            role, kind = _role(capture)
+            if role is None:
+                continue
             node = nodes[0]
-            if capture.startswith("definition."):
-                for name_node in names:
-                    chunk = anchor("def", _text(name_node), name_node)
+            if role == _FLOW:
+                anchor(kind, node.type, node.start_byte, node.end_byte)
+                continue
+            if role == _IMPORT:
+                # A nested Rust use tree splits the path over several captures: join them.
+                parts = sorted(spans(captures.get("module", ())), key=lambda span: span[0])
+                module = "::".join(text for _, _, text in parts)
+                first = captures.get("name")
+                name = spans(first[:1])[0][2] if first else None
+                alias = spans(captures["alias"][:1])[0][2] if "alias" in captures else None
+                chunk = anchor("import", alias or name or module, node.start_byte, node.end_byte)
+                if chunk is not None:
+                    imports.append(Import(module, name, alias, chunk.id))
+                continue
+            if names is None:
+                names = spans(captures.get("name", ()))
+            if role == _DEF:
+                for start, end, text in names:
+                    chunk = anchor("def", text, start, end)
                     if chunk is not None:
-                        analysis.definitions.append(
-                            Definition(_text(name_node), capture[11:], chunk.id, node.start_byte)
-                        )
-            elif capture == "call" or capture.startswith("reference."):
-                kind = "call" if capture == "call" else capture[10:]
-                for name_node in names:
-                    chunk = locate(name_node.start_byte)
+                        definitions.append(Definition(text, kind, chunk.id, node.start_byte))
+            elif role == _ASSIGN:
+                for start, end, text in names:
+                    anchor("assign", text, start, end)
+            else:  # a call or another reference
+                for start, end, text in names:
+                    chunk = locate(start)
                     if chunk is None:
                         continue
-                    if capture == "call":
-                        anchor("call", _text(name_node), node)
-                    analysis.references.append(
-                        Reference(
-                            _text(name_node), kind, chunk.id, name_node.start_byte, name_node.end_byte
-                        )
-                    )
-            elif capture in ("branch", "return"):
-                anchor(capture, node.type, node)
-            elif capture == "assign":
-                for name_node in names:
-                    anchor("assign", _text(name_node), name_node)
-            elif capture == "import":
-                # A nested Rust use tree splits the path over several captures: join them.
-                parts = sorted(captures.get("module", []), key=lambda n: n.start_byte)
-                module = "::".join(_text(n) for n in parts)
-                name = _text(names[0]) if names else None
-                alias = _text(captures["alias"][0]) if "alias" in captures else None
-                chunk = anchor("import", alias or name or module, node)
-                if chunk is not None:
-                    analysis.imports.append(Import(module, name, alias, chunk.id))
+                    if role == _CALL:
+                        anchor("call", text, node.start_byte, node.end_byte)
+                    references.append(Reference(text, kind, chunk.id, start, end))
     for chunk in analysis.chunks:
-        chunk.anchors.sort(key=lambda a: (a.start_byte, a.end_byte, a.kind))
+        chunk.anchors.sort(key=_anchor_order)
+
+
+def _anchor_order(anchor: Anchor) -> tuple[int, int, str]:
+    return anchor.start_byte, anchor.end_byte, anchor.kind
