@@ -53,58 +53,154 @@ def build_graph(files: dict) -> DefUseGraph:
     """Link references to definitions across the files of one snapshot.
 
     ``files`` maps each path to its blob's analysis or stored symbols: anything with
-    ``language``, ``definitions``, ``references``, ``imports`` and ``chunk_ids``.
+    ``language``, ``definitions``, ``references``, ``imports`` and ``chunk_ids`` (or
+    ``FileSymbols``, the plain form the indexer builds without those objects).
     """
+    symbols = {path: FileSymbols.of(analysis) for path, analysis in files.items()}
+    graph = nx.DiGraph()
+    for path, sym in symbols.items():
+        graph.add_nodes_from(sym.chunk_ids, path=path)
+    result = DefUseGraph(graph)
+    for resolved in resolve_snapshot(symbols).values():
+        for chunk_id, name in resolved.ambiguous:
+            result.ambiguous.setdefault(chunk_id, set()).add(name)
+        for _, source, target, name, kind, start, end in resolved.uses:
+            result.uses.append(Use(source, target, name, kind, start, end))
+            if graph.has_edge(source, target):
+                graph.edges[source, target]["names"].add(name)
+            else:
+                graph.add_edge(source, target, names={name})
+    return result
+
+
+class FileSymbols:
+    """What resolution needs of one file, as plain tuples (cheap to build, pickle and store).
+
+    ``defs``: (name, chunk id); ``refs``: (name, kind, chunk id, start byte, end byte);
+    ``imports``: objects with ``module``, ``name`` and ``alias``.
+    """
+
+    __slots__ = ("language", "defs", "refs", "imports", "chunk_ids")
+
+    def __init__(self, language, defs, refs, imports, chunk_ids):
+        self.language = language
+        self.defs = defs
+        self.refs = refs
+        self.imports = imports
+        self.chunk_ids = chunk_ids
+
+    @classmethod
+    def of(cls, analysis) -> FileSymbols:
+        if isinstance(analysis, FileSymbols):
+            return analysis
+        return cls(
+            analysis.language,
+            [(d.name, d.chunk_id) for d in analysis.definitions],
+            [(r.name, r.kind, r.chunk_id, r.start_byte, r.end_byte) for r in analysis.references],
+            list(analysis.imports),
+            list(analysis.chunk_ids),
+        )
+
+    def by_name(self) -> dict[str, set[str]]:
+        """This file's definitions: name -> chunk ids."""
+        names: dict[str, set[str]] = defaultdict(set)
+        for name, chunk_id in self.defs:
+            names[name].add(chunk_id)
+        return names
+
+
+@dataclass
+class Resolved:
+    """One file's resolution: its uses, ambiguous names, and what the result depended on.
+
+    ``uses``: (reference index, source, target, name, kind, start byte, end byte), in
+    reference order. ``falls``: names that no local or imported definition decided, so the
+    whole repository's definitions did. ``deps``: files whose definitions were consulted.
+    """
+
+    uses: list[tuple]
+    ambiguous: list[tuple[str, str]]
+    falls: set[str]
+    deps: set[str]
+
+
+def resolve_snapshot(symbols: dict[str, FileSymbols]) -> dict[str, Resolved]:
+    """Resolve every file of a snapshot (``symbols`` in snapshot order)."""
     definitions: dict[str, dict[str, set[str]]] = {}  # path -> name -> chunk ids
     everywhere: dict[str, set[str]] = defaultdict(set)  # name -> chunk ids
-    graph = nx.DiGraph()
-    for path, analysis in files.items():
-        by_name: dict[str, set[str]] = defaultdict(set)
-        for definition in analysis.definitions:
-            by_name[definition.name].add(definition.chunk_id)
-            everywhere[definition.name].add(definition.chunk_id)
-        definitions[path] = by_name
-        for chunk_id in analysis.chunk_ids:
-            graph.add_node(chunk_id, path=path)
-    modules = ModuleResolver(files)
-    result = DefUseGraph(graph)
-    for path, analysis in files.items():
-        local = definitions[path]
-        imported = _imported_names(path, analysis, modules, definitions)
-        for ref in analysis.references:
-            targets = _resolve(ref.name, local, imported, everywhere)
-            if targets is None:
+    for path, sym in symbols.items():
+        definitions[path] = sym.by_name()
+        for name, chunk_id in sym.defs:
+            everywhere[name].add(chunk_id)
+    modules = ModuleResolver(symbols)
+    return {
+        path: resolve_file(path, sym, definitions, everywhere, modules)
+        for path, sym in symbols.items()
+    }
+
+
+def resolve_file(path, sym: FileSymbols, definitions, everywhere, modules) -> Resolved:
+    """Resolve one file's references: a definition in the file, else one it imports, else the
+    single definition anywhere. ``definitions`` and ``everywhere`` may be lazy mappings."""
+    local = definitions.get(path) or {}
+    consulted = _Consulted(definitions)
+    imported = _imported_names(path, sym, modules, consulted, {ref[0] for ref in sym.refs})
+    uses: list[tuple] = []
+    ambiguous: list[tuple[str, str]] = []
+    falls: set[str] = set()
+    for index, (name, kind, chunk_id, start, end) in enumerate(sym.refs):
+        targets = _resolve(name, local, imported, None)
+        if targets is None:
+            falls.add(name)
+            targets = everywhere.get(name)
+            if not targets:
                 continue
-            if len(targets) > 1:
-                result.ambiguous.setdefault(ref.chunk_id, set()).add(ref.name)
-                continue
-            (target,) = targets
-            if target == ref.chunk_id:
-                continue
-            result.uses.append(
-                Use(ref.chunk_id, target, ref.name, ref.kind, ref.start_byte, ref.end_byte)
-            )
-            if graph.has_edge(ref.chunk_id, target):
-                graph.edges[ref.chunk_id, target]["names"].add(ref.name)
-            else:
-                graph.add_edge(ref.chunk_id, target, names={ref.name})
-    return result
+        if len(targets) > 1:
+            ambiguous.append((chunk_id, name))
+            continue
+        (target,) = targets
+        if target != chunk_id:
+            uses.append((index, chunk_id, target, name, kind, start, end))
+    return Resolved(uses, ambiguous, falls, consulted.keys)
+
+
+class _Consulted:
+    """A read-only view of ``definitions`` that records which files were looked at."""
+
+    def __init__(self, definitions):
+        self.definitions = definitions
+        self.keys: set[str] = set()
+
+    def get(self, path, default=None):
+        self.keys.add(path)
+        return self.definitions.get(path, default)
+
+    def __getitem__(self, path):
+        self.keys.add(path)
+        return self.definitions[path]
+
+    def __contains__(self, path) -> bool:
+        self.keys.add(path)
+        return path in self.definitions
 
 
 def _resolve(name, local, imported, everywhere) -> set[str] | None:
     for scope in (local, imported, everywhere):
+        if scope is None:
+            continue
         targets = scope.get(name)
         if targets:
             return targets
     return None
 
 
-def _imported_names(path, analysis, modules, definitions) -> dict[str, set[str]]:
+def _imported_names(path, analysis, modules, definitions, used=None) -> dict[str, set[str]]:
     """Names a file imports, mapped to the chunks defining them in the imported files."""
     names: dict[str, set[str]] = defaultdict(set)
     # Only names the file uses matter: a wildcard (a C header, a Go or Java package) may
     # define thousands.
-    used = {ref.name for ref in analysis.references}
+    if used is None:
+        used = {ref.name for ref in analysis.references}
 
     def merge_all(target_defs):
         for name in target_defs.keys() & used:
