@@ -6,6 +6,11 @@ sequences as full prefill (``runner``); rows aggregate the per-task measures (``
 the gate's verdicts follow from thresholds (``support``); ``reuse`` simulates how much prefill
 an exact prefix cache could reuse against chunk composition; ``report`` prints and plots.
 
+The shipped ``codekv/data/support.json`` is the output of ``codekv eval --write-gate
+codekv/data/support.json`` on the default model with the default settings; the file's
+``generated_by`` field holds the exact command and ``config.machine`` where it ran. It is
+never edited by hand: re-run the command to change it.
+
 Names are imported on first use, so the command line starts without loading torch.
 """
 

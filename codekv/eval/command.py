@@ -149,8 +149,13 @@ def _run_with_progress(config, evaluate):
 
         def status(text):
             progress.update(task, description=text)
+            if progress.disable:
+                click.echo(f"{text}...", err=True)
 
         def advance(text, step, total):
             progress.update(task, description=text, advance=step, total=total)
+            if progress.disable and step == 0 and " done in " in text:  # a log, not a bar
+                done = int(progress.tasks[0].completed)
+                click.echo(f"[{done}/{total} requests] {text}", err=True)
 
         return evaluate(config, status=status, progress=advance)

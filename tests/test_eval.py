@@ -1,0 +1,305 @@
+"""``codekv eval``: workloads are reproducible and their answers are real, the gate's verdicts
+follow the thresholds, the metrics are right where they are known (recomputing everything is
+full prefill), and the result JSON keeps its schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import codekv.index
+import codekv.tokens
+from codekv.compose import Composer, Passage
+from codekv.eval import command, runner, workloads
+from codekv.eval.results import ROW_KEYS, aggregate
+from codekv.eval.runner import Measure, Method
+from codekv.eval.support import (
+    Thresholds,
+    failures,
+    gate_entries,
+    support_document,
+    write_json,
+)
+from codekv.eval.tooldocs import COLUMNS, parse_options, tool_docs
+from codekv.gate import SupportGate
+from codekv.index import Index
+from codekv.kvstore import LocalKVStore
+from codekv.stdlib_repo import stdlib_dir
+from codekv.tokens import CounterSpec
+
+BYTES = CounterSpec("bytes")
+STDLIB_FILES = ("fnmatch.py", "genericpath.py", "glob.py", "posixpath.py", "shlex.py")
+
+
+@pytest.fixture(autouse=True)
+def byte_counter(monkeypatch):
+    """Index with byte counting: converting the model's tokenizer takes seconds."""
+    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: BYTES, raising=False)
+    monkeypatch.setattr(codekv.tokens, "default_counter_spec", lambda: BYTES)
+
+
+def _index(git_repo, files: dict) -> Index:
+    git_repo.commit(files)
+    index = Index(git_repo.root)
+    index.update(workers=1)
+    return index
+
+
+# -- code-qa ---------------------------------------------------------------------------------
+HAND = {
+    "util.py": "def helper(x):\n    return x + 1\n",
+    "app.py": ("from util import helper\n\n\ndef run(value):\n    doubled = value * 2\n"
+               "    return helper(doubled)\n"),
+}
+
+
+def test_completion_task_is_the_line_using_a_definition_of_another_chunk(git_repo):
+    index = _index(git_repo, HAND)
+    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, definition_share=0.0)
+    assert task.kind == "completion"
+    assert task.query == "# app.py\ndef run(value):\n    doubled = value * 2\n"
+    assert task.answer == "    return helper(doubled)"
+    assert task.meta["definition"] == "util.py::helper"
+    assert "util.py::helper" in task.context_names()
+    assert "app.py::run" not in task.context_names()  # the query is its text
+
+
+def test_definition_question_is_answered_by_the_code(git_repo):
+    index = _index(git_repo, HAND)
+    tasks = workloads.code_qa(index, 2, seed=0, context_tokens=400, definition_share=1.0)
+    by_source = {t.source: t for t in tasks}
+    helper = by_source["util.py::helper"]
+    assert helper.kind == "returns"
+    assert helper.query == ("# Question: in util.py, what does helper() return?\n"
+                            "# Answer: helper() returns")
+    assert helper.answer == " x + 1"
+    run = by_source["app.py::run"]  # two returns-free questions: its one call comes first
+    assert (run.kind, run.answer) in {("calls", " helper"), ("returns", " helper(doubled)")}
+
+
+@pytest.fixture
+def stdlib_index(git_repo):
+    return _index(git_repo, {name: (stdlib_dir() / name).read_bytes() for name in STDLIB_FILES})
+
+
+def test_code_qa_is_deterministic_and_answers_occur_in_the_source(stdlib_index, git_repo):
+    first = workloads.code_qa(stdlib_index, 6, seed=3, context_tokens=900)
+    again = workloads.code_qa(stdlib_index, 6, seed=3, context_tokens=900)
+    other = workloads.code_qa(stdlib_index, 6, seed=4, context_tokens=900)
+    assert [t.as_json() for t in first] == [t.as_json() for t in again]
+    assert [t.as_json() for t in first] != [t.as_json() for t in other]
+    assert len(first) == 6 and {t.kind for t in first} >= {"completion"}
+    files = {name: (git_repo.root / name).read_text() for name in STDLIB_FILES}
+    source = workloads.CodeSource(stdlib_index, workloads.approx_tokens)
+    for task in first:
+        context = {workloads.item_name(c): source.text(c) for c in task.context}
+        assert task.meta["definition"] in context
+        if task.kind == "completion":
+            path = task.source.split("::")[0]
+            body = task.query.split("\n", 1)[1]  # after the "# path" header
+            assert body + task.answer + "\n" in files[path]
+            assert task.meta["name"] in task.answer and task.meta["name"] not in body
+            assert task.source not in context
+        else:
+            assert task.answer.strip() in context[task.source]
+        assert sum(workloads.approx_tokens(text) for text in context.values()) <= 900
+
+
+# -- rag and tool-docs ----------------------------------------------------------------------
+def test_rag_is_deterministic_and_quotes_one_passage_of_the_context():
+    first = workloads.rag(5, seed=1, context_tokens=1024)
+    assert [t.as_json() for t in first] == [t.as_json() for t in workloads.rag(5, 1, 1024)]
+    assert [t.as_json() for t in first] != [t.as_json() for t in workloads.rag(5, 2, 1024)]
+    for task in first:
+        start = task.query.split('\n"', 1)[1]  # the quoted start of the sentence
+        holding = [p for p in task.context if start + task.answer in p.text]
+        assert [p.name for p in holding] == [task.source]
+        assert sum(start in p.text for p in task.context) == 1
+        assert all(isinstance(p, Passage) and p.kind == "passage" for p in task.context)
+
+
+def test_help_options_are_parsed_from_argparse_output(monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(COLUMNS))
+    parser = argparse.ArgumentParser(prog="tool")
+    parser.add_argument("-b", "--bind", metavar="ADDRESS",
+                        help="bind to this address (default: all interfaces); a long help "
+                             "text that argparse wraps onto a second line")
+    parser.add_argument("--cgi", action="store_true", help="run as CGI server")
+    parser.add_argument("-q", action="store_true", help="quiet")
+    parser.add_argument("port", help="the port")
+    options = {o.flags: o.help for o in parse_options(parser.format_help())}
+    assert options == {
+        ("-h", "--help"): "show this help message and exit",
+        ("-b", "--bind"): "bind to this address (default: all interfaces); a long help text "
+                          "that argparse wraps onto a second line",
+        ("--cgi",): "run as CGI server",
+        ("-q",): "quiet",
+    }
+
+
+def test_tool_docs_are_deterministic_and_ask_for_a_real_option():
+    docs = {f"python -m {d.module}": d for d in tool_docs()}
+    assert "python -m json.tool" in docs  # argparse help of a stdlib command line
+    first = workloads.tool_doc_tasks(6, seed=0, context_tokens=1024)
+    assert [t.as_json() for t in first] == [
+        t.as_json() for t in workloads.tool_doc_tasks(6, 0, 1024)]
+    for task in first:
+        doc = docs[task.source]
+        option = task.answer.strip()
+        assert option in {o.name for o in doc.options}
+        [passage] = [p for p in task.context if p.name == task.source]
+        assert passage.kind == "tool-doc" and option in passage.text
+        assert f"`{task.source}`" in task.query
+
+
+# -- the gate --------------------------------------------------------------------------------
+def _row(method, delta=0.0, agreement=1.0, speedup=3.0, tasks=12, recompute=None, fallbacks=0,
+         workload="code-qa"):
+    strategy, _, ratio = method.partition("@")
+    ratio = float(ratio or 0)
+    return {"workload": workload, "method": method, "strategy": strategy, "ratio": ratio,
+            "tasks": tasks, "delta_nll": delta, "agreement": agreement, "speedup": speedup,
+            "recompute_ratio": ratio if recompute is None else recompute,
+            "fallbacks": fallbacks}
+
+
+def test_thresholds_each_fail_a_row():
+    t = Thresholds()
+    assert failures(_row("hybrid@0.15", delta=0.05, agreement=0.95, speedup=2.0), t) == []
+    assert failures(_row("hybrid@0.15", delta=-0.051), t) == ["|delta NLL| 0.051 > 0.05"]
+    assert failures(_row("hybrid@0.15", agreement=0.949), t) == ["agreement 0.949 < 0.95"]
+    assert failures(_row("hybrid@0.15", speedup=1.99), t) == ["speedup 1.99x < 2.0x"]
+    assert failures(_row("hybrid@0.15", tasks=9), t) == ["only 9 tasks (need 10)"]
+    assert failures(_row("hybrid@0.15", fallbacks=1), t) == ["1 requests fell back to full prefill"]
+
+
+def test_gate_picks_the_cheapest_passing_strategy():
+    rows = [
+        _row("full", speedup=1.0, recompute=1.0),
+        _row("none-norope", delta=0.0),  # a baseline: never a candidate, even when it "passes"
+        _row("none", delta=0.3, agreement=0.7, speedup=9.0),
+        _row("boundary@0.05", agreement=0.9),
+        _row("boundary@0.15", delta=0.01),
+        _row("hybrid@0.1", delta=0.04, speedup=2.5),
+        _row("anchors@0.25", delta=0.0),
+    ]
+    [entry] = gate_entries(rows, "llama")
+    assert entry["passed"] is True
+    assert (entry["strategy"], entry["ratio"], entry["method"]) == ("hybrid", 0.1, "hybrid@0.1")
+    assert entry["measured"]["delta_nll"] == 0.04
+    assert entry["thresholds"]["min_agreement"] == 0.95
+    assert [c["method"] for c in entry["candidates"]] == [
+        "none", "boundary@0.05", "boundary@0.15", "hybrid@0.1", "anchors@0.25"]
+
+
+def test_gate_without_a_passing_strategy_says_why_and_the_gate_refuses(tmp_path):
+    rows = [
+        _row("none", delta=0.3, workload="rag"),
+        _row("boundary@0.15", delta=0.08, workload="rag"),
+        _row("hybrid@0.15", delta=0.02, speedup=1.5, workload="rag"),
+        _row("hybrid@0.15", delta=0.01, workload="tool-docs"),
+    ]
+    rag, tools = gate_entries(rows, "llama")
+    assert rag["passed"] is False and rag["strategy"] is None
+    assert rag["closest"] == "hybrid@0.15"
+    assert "speedup 1.50x < 2.0x" in rag["reason"]
+    assert tools["passed"] is True
+    path = tmp_path / "support.json"
+    write_json(path, support_document([rag, tools], "codekv eval ...", {"family": "llama"}, {}))
+    gate = SupportGate.load(path)
+    assert gate.verdict("llama", "tool-docs").allowed
+    assert gate.verdict("llama", "tool-docs").strategy == "hybrid"
+    assert not gate.verdict("llama", "rag").allowed
+    assert not gate.verdict("llama", "code-qa").allowed  # never evaluated: no evidence
+    assert not gate.verdict("gemma3", "tool-docs").allowed
+
+
+def test_shipped_support_file_is_a_generated_document():
+    gate = SupportGate.load()
+    assert gate.source == "codekv/data/support.json"
+    from importlib import resources
+
+    data = json.loads(resources.files("codekv").joinpath("data", "support.json").read_text())
+    assert data["generated_by"].startswith("codekv eval")
+    for entry in data["entries"]:
+        assert set(entry) >= {"family", "workload", "passed", "strategy", "ratio", "thresholds",
+                              "measured", "reason"}
+        expected = not failures(entry["measured"] | {"fallbacks": 0},
+                                Thresholds(**entry["thresholds"])) if entry["passed"] else False
+        assert entry["passed"] == expected
+
+
+# -- metrics and schema ----------------------------------------------------------------------
+def test_methods_use_ratios_only_where_they_mean_something():
+    labels = [m.label for m in runner.methods(("none", "boundary", "hybrid"), (0.0, 0.1, 0.25))]
+    assert labels == ["none", "boundary@0.1", "boundary@0.25", "hybrid@0.1", "hybrid@0.25"]
+    assert command.WORKLOAD_NAMES == workloads.WORKLOADS
+    assert command.STRATEGY_NAMES == runner.STRATEGIES
+
+
+def test_recomputing_everything_measures_as_full_prefill(tiny_backend, tmp_path):
+    backend = tiny_backend("llama")
+    composer = Composer(backend, None, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+    context = [Passage("def area(w, h):\n    return w * h\n", "a"),
+               Passage("the quick brown fox jumps", "b"),
+               Passage("class Stack:\n    def push(self, item):\n        pass\n", "c")]
+    task = workloads.Task("rag", "t0", "quote", context, "def push(", "self, item)", "c")
+    measures = runner.run_task(composer, task, [Method("all", 1.0), Method("none")])
+    full, everything, none = measures
+    assert full.method == "full" and full.delta_nll == 0 and full.agreement == 1
+    assert everything.status == "composed" and everything.recompute_ratio == 1.0
+    assert abs(everything.delta_nll) < 1e-4 and everything.kl < 1e-6
+    assert everything.agreement == 1.0 and everything.greedy_match
+    assert everything.exact_match == full.exact_match
+    assert none.kl > 1e-4  # random weights: naive concatenation moves the distribution
+    assert full.answer_tokens == len(backend.tokenize("self, item)"))
+    assert full.context_tokens == everything.context_tokens == none.context_tokens
+
+
+def _measure(method, delta, ttft, workload="rag", task="t", status="composed"):
+    strategy, _, ratio = method.partition("@")
+    return Measure(workload, task, method, strategy, float(ratio or 0), status, 1.0 + delta,
+                   delta, False, 0.1, 0.2, 0.875, False, ttft, 4.0, 900, 20, 6, 0, 0.0)
+
+
+def test_rows_aggregate_tasks_and_keep_the_schema():
+    measures = [_measure("full", 0.0, 4.0, task="a"), _measure("full", 0.0, 4.0, task="b"),
+                _measure("hybrid@0.15", 0.1, 1.0, task="a"),
+                _measure("hybrid@0.15", -0.3, 3.0, task="b", status="full-prefill")]
+    full, hybrid = aggregate(measures)
+    assert tuple(hybrid) == ROW_KEYS
+    assert hybrid["tasks"] == 2 and hybrid["method"] == "hybrid@0.15" and hybrid["ratio"] == 0.15
+    assert hybrid["delta_nll"] == pytest.approx(-0.1)
+    assert hybrid["abs_delta_nll"] == pytest.approx(0.2)
+    assert hybrid["speedup"] == pytest.approx((4.0 / 1.0 + 4.0 / 3.0) / 2)  # median of tasks
+    assert hybrid["fallbacks"] == 1 and full["fallbacks"] == 0
+    json.dumps([full, hybrid])
+
+
+@pytest.mark.model
+def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
+    import codekv.models
+
+    monkeypatch.setattr(codekv.models, "load_backend", lambda model=None: default_backend)
+    out, gate = tmp_path / "eval.json", tmp_path / "support.json"
+    result = CliRunner().invoke(command.eval_command, [
+        "--quick", "--workload", "tool-docs", "--tasks", "1", "--strategies", "none,hybrid",
+        "--json", str(out), "--write-gate", str(gate),
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert [r["method"] for r in data["results"]] == ["full", "none", "hybrid@0.15"]
+    assert all(tuple(r) == ROW_KEYS for r in data["results"])
+    full, none, hybrid = data["results"]
+    assert full["delta_nll"] == 0 and full["agreement"] == 1
+    assert none["recompute_ratio"] == 0 and 0.1 <= hybrid["recompute_ratio"] <= 0.2
+    assert all(r["ttft_s"] > 0 and r["context_tokens"] > 200 for r in data["results"])
+    assert data["command"].startswith("codekv eval --quick --workload tool-docs --tasks 1")
+    support = json.loads(gate.read_text())
+    [entry] = support["entries"]
+    assert (entry["family"], entry["workload"]) == ("llama", "tool-docs")
+    assert entry["passed"] is False and "only 1 tasks" in entry["reason"]  # not evidence
+    assert support["generated_by"] == data["command"]
