@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -13,10 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from codekv import gitrepo, paths
-from codekv.analysis import Analyzer, BlobAnalysis, chunker_version
+from codekv.analysis import Analyzer, chunker_version
 from codekv.anchors.graph import DefUseGraph, Use, build_graph
+from codekv.anchors.state import BlobInfo, GraphState
 from codekv.chunks import DEFAULT_BUDGET, Anchor, Chunk
-from codekv.storage import BlobSymbols, IndexStore
+from codekv.storage import BlobSymbols, IndexStore, StoredBlob, blob_rows
 from codekv.tokens import CounterSpec, default_counter_spec
 
 INDEX_FILE = "index.sqlite"
@@ -52,17 +54,25 @@ class _Task:
     origin: str
 
 
-_worker: tuple[Analyzer, gitrepo.BlobReader] | None = None
+_worker: tuple[Analyzer, gitrepo.BlobReader, int] | None = None
 
 
-def _init_worker(counter: CounterSpec, budget: int, repo_path: str) -> None:
+def _init_worker(
+    counter: CounterSpec, budget: int, repo_path: str, repo_id: int = 0, pool: bool = False
+) -> None:
     global _worker
-    _worker = (Analyzer(counter, budget), gitrepo.BlobReader(repo_path))
+    _worker = (Analyzer(counter, budget), gitrepo.BlobReader(repo_path), repo_id)
+    if pool:
+        # Analysis makes millions of short-lived objects and no cycles: the cycle collector
+        # would only rescan them (about a tenth of the run); a pool worker exits at the end.
+        gc.disable()
 
 
 def _analyze(task: _Task):
-    """Worker side: read one blob and analyse it; returns (task, status, analysis-or-None)."""
-    analyzer, reader = _worker
+    """Worker side: read one blob and analyse it; returns (task, status, result-or-None), the
+    result being the blob's database rows and what the graph needs, made here so the main
+    process only writes them."""
+    analyzer, reader, repo_id = _worker
     try:
         file = gitrepo.SourceFile(task.path, task.blob_hash, task.language, task.origin)
         data = reader.read(file)
@@ -72,9 +82,23 @@ def _analyze(task: _Task):
     if reason is not None:
         return task, reason, None
     try:
-        return task, "ok", analyzer.analyze(task.blob_hash, task.language, data)
+        analysis = analyzer.analyze(task.blob_hash, task.language, data)
     except Exception as error:  # one file the analyzer cannot handle must not stop the index
         return task, f"error: {type(error).__name__}: {error}", None
+    return task, "ok", blob_rows(repo_id, analysis)
+
+
+@contextmanager
+def _no_gc():
+    """Pause the cycle collector: indexing keeps millions of acyclic objects alive at once,
+    and each automatic collection would rescan all of them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Index:
@@ -102,12 +126,13 @@ class Index:
         self._graph: DefUseGraph | None = None
         self._chunks: dict[str, Chunk] | None = None
         self._uses: dict[str, list[Use]] | None = None
+        self._fresh: dict[tuple[str, str], BlobInfo] = {}  # blobs analysed by this update
 
     # -- building ----------------------------------------------------------------------
     def update(self, workers: int | None = None, progress=None) -> IndexSummary:
         """Index HEAD plus the working tree; only blobs never analysed before are parsed."""
         started = time.perf_counter()
-        with self._lock():
+        with self._lock(), _no_gc():
             snapshot = gitrepo.scan(self.repo, self.include_secrets, self.include_ignored)
             scanned = len(snapshot.files) + sum(snapshot.skipped.values())
             summary = IndexSummary(self.root, files=scanned)
@@ -133,7 +158,10 @@ class Index:
             self._graph = None
             self._chunks = None
             self._uses = None
-            stats = self._stats(indexed)
+            try:
+                stats = self._stats(indexed)
+            finally:
+                self._fresh = {}
         summary.syntax_errors = stats["syntax_errors"]
         summary.decode_errors = stats["decode_errors"]
         summary.chunks = stats["chunks"]
@@ -147,18 +175,22 @@ class Index:
         if not tasks:
             return 0
         workers = workers or min(len(os.sched_getaffinity(0)), max(1, len(tasks) // 8))
-        args = (self.counter, self.budget, self.repo.path)
+        args = (self.counter, self.budget, self.repo.path, self.repo_id)
         parsed = 0
-        batch: list[BlobAnalysis] = []
+        batch: list[StoredBlob] = []
 
-        def record(task, status, analysis):
+        def record(task, status, result):
             nonlocal parsed
-            if analysis is None:
+            if result is None:
                 self.store.put_skipped_blob(
                     self.repo_id, task.blob_hash, task.language, self.chunker, status
                 )
             else:
-                batch.append(analysis)
+                batch.append(result._replace(symbols=None))
+                syntax, decode, _ = result.blob_row
+                self._fresh[task.blob_hash, task.language] = BlobInfo.unpack(
+                    task.language, syntax, decode, result.symbols
+                )
                 parsed += 1
                 if len(batch) >= BATCH:
                     self.store.put_analyses(self.repo_id, batch)
@@ -175,7 +207,7 @@ class Index:
                 record(*_analyze(task))
         else:
             context = multiprocessing.get_context("fork")
-            with context.Pool(workers, initializer=_init_worker, initargs=args) as pool:
+            with context.Pool(workers, initializer=_init_worker, initargs=(*args, True)) as pool:
                 for result in pool.imap_unordered(_analyze, tasks, chunksize=4):
                     record(*result)
         if batch:
@@ -208,31 +240,23 @@ class Index:
         return digest.hexdigest()
 
     def _stats(self, files) -> dict:
+        """The snapshot's statistics; its def-use graph is stored (updated in place when few
+        files changed, see ``codekv.anchors.state``) unless stored already."""
         key = self._snapshot_key(files)
-        cached = self.store.graph_cache(self.repo_id, key)
-        if cached is not None:
-            return cached[0]
-        symbols = self._symbols(files)
-        graph = build_graph(symbols)
-        chunks, anchors = Counter(), Counter()
-        unique = {s.blob_hash: s for s in symbols.values()}.values()
-        for blob in unique:
-            for _, kind, anchor_counts in blob.chunks:
-                chunks[kind] += 1
-                anchors.update(anchor_counts)
-        anchors["use"] = len(graph.uses)
-        stats = {
-            "chunks": dict(chunks),
-            "anchors": dict(anchors),
-            "graph_nodes": graph.graph.number_of_nodes(),
-            "graph_edges": graph.graph.number_of_edges(),
-            "syntax_errors": sum(1 for s in unique if s.syntax_errors),
-            "decode_errors": sum(1 for s in unique if s.decode_errors),
-        }
-        uses = [[u.source, u.target, u.name, u.kind, u.start_byte, u.end_byte] for u in graph.uses]
-        self.store.put_graph_cache(self.repo_id, key, stats, uses)
-        self._graph = graph
+        stored = self.store.graph_stats(self.repo_id, key)
+        stats = stored[1] if stored is not None else (
+            GraphState(self.store, self.repo_id, self.chunker, files, self._blob_infos).save(key)
+        )
+        stats.pop("chunker", None)
         return stats
+
+    def _blob_infos(self, keys) -> dict[tuple[str, str], BlobInfo]:
+        """(blob hash, language) -> BlobInfo: analysed by this update, else stored."""
+        found = {key: self._fresh[key] for key in keys if key in self._fresh}
+        stored = self.store.load_packed_symbols(self.repo_id, self.chunker, set(keys) - set(found))
+        for (blob, language), (syntax, decode, data) in stored.items():
+            found[blob, language] = BlobInfo.unpack(language, syntax, decode, data)
+        return found
 
     def _symbols(self, files) -> dict[str, BlobSymbols]:
         cache: dict[tuple[str, str], BlobSymbols | None] = {}

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import sqlite3
 import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from codekv.analysis import BlobAnalysis, Definition, Import, Reference
 from codekv.chunks import Anchor, Chunk
@@ -54,6 +56,29 @@ CREATE TABLE IF NOT EXISTS skipped (
 CREATE TABLE IF NOT EXISTS graphs (
     repo_id INTEGER PRIMARY KEY, snapshot TEXT NOT NULL, stats TEXT NOT NULL, uses BLOB NOT NULL
 );
+-- The def-use graph of the snapshot in ``graphs``, kept per path so that a changed file
+-- updates it in place (codekv/anchors/state.py): each path's uses, and what resolving it
+-- depended on (files whose definitions it read; names only the whole repository decided).
+CREATE TABLE IF NOT EXISTS graph_paths (
+    repo_id INTEGER NOT NULL, path TEXT NOT NULL, blob_hash TEXT NOT NULL,
+    language TEXT NOT NULL, n_uses INTEGER NOT NULL, uses BLOB NOT NULL,
+    PRIMARY KEY (repo_id, path)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS graph_defs (
+    repo_id INTEGER NOT NULL, name TEXT NOT NULL, path TEXT NOT NULL, chunk_id TEXT NOT NULL,
+    PRIMARY KEY (repo_id, name, path, chunk_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS graph_defs_by_path ON graph_defs (repo_id, path);
+CREATE TABLE IF NOT EXISTS graph_falls (
+    repo_id INTEGER NOT NULL, name TEXT NOT NULL, path TEXT NOT NULL,
+    PRIMARY KEY (repo_id, name, path)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS graph_falls_by_path ON graph_falls (repo_id, path);
+CREATE TABLE IF NOT EXISTS graph_deps (
+    repo_id INTEGER NOT NULL, target TEXT NOT NULL, path TEXT NOT NULL,
+    PRIMARY KEY (repo_id, target, path)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS graph_deps_by_path ON graph_deps (repo_id, path);
 """
 
 
@@ -173,47 +198,24 @@ class IndexStore:
             )
 
     @_guarded
-    def put_analyses(self, repo_id: int, analyses: list[BlobAnalysis]) -> None:
-        """Store analysed blobs; each batch is one transaction, so none is ever half-written."""
+    def put_analyses(self, repo_id: int, analyses: list[BlobAnalysis | StoredBlob]) -> None:
+        """Store analysed blobs (or their rows, made by ``blob_rows`` in a worker); each batch
+        is one transaction, so none is ever half-written."""
+        stored = [a if isinstance(a, StoredBlob) else blob_rows(repo_id, a) for a in analyses]
         with self.transaction():
-            for analysis in analyses:
-                self._put_analysis(repo_id, analysis)
-
-    def _put_analysis(self, repo_id: int, analysis: BlobAnalysis) -> None:
-        key = (repo_id, analysis.blob_hash, analysis.language, analysis.chunker)
-        self.db.execute(
-            "DELETE FROM chunks "
-            "WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
-            key,
-        )
-        self.db.executemany(
-            "INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            [
-                (
-                    repo_id, c.id, c.blob_hash, c.language, analysis.chunker, seq, c.kind,
-                    c.name, c.qualname, c.parent, c.part, c.start_byte, c.end_byte,
-                    c.start_line, c.end_line, c.n_tokens,
-                    json.dumps([[a.kind, a.name, a.start_byte, a.end_byte] for a in c.anchors]),
-                )
-                for seq, c in enumerate(analysis.chunks)
-            ],
-        )
-        symbols = {
-            "d": [[d.name, d.kind, d.chunk_id, d.start_byte] for d in analysis.definitions],
-            "r": [
-                [r.name, r.kind, r.chunk_id, r.start_byte, r.end_byte] for r in analysis.references
-            ],
-            "i": [[i.module, i.name, i.alias, i.chunk_id] for i in analysis.imports],
-            # Enough to count and graph a snapshot without reading every chunk row.
-            "c": [
-                [c.id, c.kind, dict(Counter(a.kind for a in c.anchors))] for c in analysis.chunks
-            ],
-        }
-        self.db.execute(
-            "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, 'ok', ?, ?, ?)",
-            (*key, analysis.syntax_errors, int(analysis.decode_errors),
-             zlib.compress(json.dumps(symbols).encode(), 1)),
-        )
+            self.db.executemany(
+                "DELETE FROM chunks "
+                "WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
+                [s.key for s in stored],
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [row for s in stored for row in s.chunk_rows],
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?, 'ok', ?, ?, ?)",
+                [(*s.key, *s.blob_row) for s in stored],
+            )
 
     @_guarded
     def load_symbols(self, repo_id: int, blob_hash: str, language: str, chunker: str):
@@ -226,6 +228,24 @@ class IndexStore:
         if row is None or row[0] != "ok":
             return None
         return BlobSymbols.unpack(blob_hash, language, row[1], row[2], row[3])
+
+    @_guarded
+    def load_packed_symbols(self, repo_id: int, chunker: str, keys) -> dict:
+        """(blob hash, language) -> (syntax errors, decode errors, the unpacked JSON of
+        ``BlobSymbols``) for each of ``keys`` stored as analysed; plain lists, no objects."""
+        found = {}
+        for batch in _batches(sorted(set(keys))):
+            rows = self.db.execute(
+                "SELECT blob_hash, language, syntax_errors, decode_errors, symbols FROM blobs "
+                "WHERE repo_id = ? AND chunker = ? AND status = 'ok' AND blob_hash IN "
+                f"({','.join('?' * len(batch))})",
+                (repo_id, chunker, *(blob for blob, _ in batch)),
+            )
+            wanted = set(batch)
+            for blob, language, syntax, decode, packed in rows:
+                if (blob, language) in wanted:
+                    found[blob, language] = (syntax, decode, json.loads(zlib.decompress(packed)))
+        return found
 
     @_guarded
     def load_analysis(
@@ -284,7 +304,85 @@ class IndexStore:
         ).fetchone()
         if row is None:
             return None
-        return json.loads(row[0]), json.loads(zlib.decompress(row[1]))
+        if row[1]:
+            return json.loads(row[0]), json.loads(zlib.decompress(row[1]))
+        uses = []
+        for (packed,) in self.db.execute(
+            "SELECT uses FROM graph_paths WHERE repo_id = ? ORDER BY path", (repo_id,)
+        ):
+            uses.extend(use[1:] for use in json.loads(zlib.decompress(packed)))
+        return json.loads(row[0]), uses
+
+    @_guarded
+    def graph_stats(self, repo_id: int, snapshot: str | None = None) -> tuple[str, dict] | None:
+        """(snapshot key, stats) of the stored graph: of exactly ``snapshot`` when given."""
+        row = self.db.execute("SELECT snapshot, stats FROM graphs WHERE repo_id = ?", (repo_id,))
+        row = row.fetchone()
+        if row is None or (snapshot is not None and row[0] != snapshot):
+            return None
+        return row[0], json.loads(row[1])
+
+    # -- the graph state (codekv/anchors/state.py) ------------------------------------------
+    @_guarded
+    def graph_paths(self, repo_id: int, paths=None, uses: bool = False) -> dict[str, tuple]:
+        """path -> (blob hash, language, number of uses[, packed uses]) of the stored graph."""
+        columns = "path, blob_hash, language, n_uses" + (", uses" if uses else "")
+        query = f"SELECT {columns} FROM graph_paths WHERE repo_id = ?"
+        if paths is None:
+            rows = self.db.execute(query, (repo_id,))
+            return {path: tuple(rest) for path, *rest in rows}
+        found = {}
+        for batch in _batches(sorted(set(paths))):
+            marks = ",".join("?" * len(batch))
+            for path, *rest in self.db.execute(f"{query} AND path IN ({marks})", (repo_id, *batch)):
+                found[path] = tuple(rest)
+        return found
+
+    @_guarded
+    def graph_select(self, table: str, column: str, repo_id: int, values) -> list[tuple]:
+        """Rows of a graph state table (graph_defs, graph_falls, graph_deps) whose ``column``
+        is one of ``values``, all columns but ``repo_id``."""
+        assert table in _GRAPH_TABLES and column in ("name", "path", "target"), (table, column)
+        out: list[tuple] = []
+        for batch in _batches(sorted(set(values))):
+            marks = ",".join("?" * len(batch))
+            out.extend(
+                tuple(row[1:])
+                for row in self.db.execute(
+                    f"SELECT * FROM {table} WHERE repo_id = ? AND {column} IN ({marks})",
+                    (repo_id, *batch),
+                )
+            )
+        return out
+
+    @_guarded
+    def put_graph_state(self, repo_id: int, snapshot: str, stats: dict, rows: dict,
+                        replace_paths=None) -> None:
+        """Store the graph of ``snapshot`` in one transaction: everything anew, or (with
+        ``replace_paths``) only those paths' rows. ``rows`` maps each graph state table to its
+        rows without ``repo_id``."""
+        with self.transaction():
+            for table in _GRAPH_TABLES:
+                if replace_paths is None:
+                    self.db.execute(f"DELETE FROM {table} WHERE repo_id = ?", (repo_id,))
+                    continue
+                for batch in _batches(sorted(set(replace_paths))):
+                    marks = ",".join("?" * len(batch))
+                    self.db.execute(
+                        f"DELETE FROM {table} WHERE repo_id = ? AND path IN ({marks})",
+                        (repo_id, *batch),
+                    )
+            for table, table_rows in rows.items():
+                assert table in _GRAPH_TABLES, table
+                width = {"graph_paths": 6, "graph_defs": 4}.get(table, 3)
+                self.db.executemany(
+                    f"INSERT OR REPLACE INTO {table} VALUES ({','.join('?' * width)})",
+                    [(repo_id, *row) for row in table_rows],
+                )
+            self.db.execute(
+                "INSERT OR REPLACE INTO graphs VALUES (?, ?, ?, ?)",
+                (repo_id, snapshot, json.dumps(stats), b""),
+            )
 
     @_guarded
     def put_graph_cache(self, repo_id: int, snapshot: str, stats: dict, uses: list) -> None:
@@ -308,6 +406,48 @@ class IndexStore:
             self.db.execute(f"DELETE FROM chunks {dead}", (repo_id, chunker, repo_id))
         self.db.execute("VACUUM")
         return removed
+
+
+_GRAPH_TABLES = ("graph_paths", "graph_defs", "graph_falls", "graph_deps")
+
+
+def _batches(values: list, size: int = 500):
+    for index in range(0, len(values), size):
+        yield values[index : index + size]
+
+
+class StoredBlob(NamedTuple):
+    """One analysed blob as rows of the database, made where it was analysed (a worker)."""
+
+    key: tuple  # (repo id, blob hash, language, chunker)
+    chunk_rows: list[tuple]
+    blob_row: tuple  # (syntax errors, decode errors, packed symbols)
+    symbols: dict | None = None  # what was packed, unpacked: for the caller, not stored
+
+
+def blob_rows(repo_id: int, analysis: BlobAnalysis) -> StoredBlob:
+    # Anchors, definitions, references and imports are named tuples whose fields are in the
+    # order stored here: JSON writes them as arrays, and plain tuples pickle cheaply.
+    key = (repo_id, analysis.blob_hash, analysis.language, analysis.chunker)
+    chunk_rows = [
+        (
+            repo_id, c.id, c.blob_hash, c.language, analysis.chunker, seq, c.kind,
+            c.name, c.qualname, c.parent, c.part, c.start_byte, c.end_byte,
+            c.start_line, c.end_line, c.n_tokens, json.dumps(c.anchors),
+        )
+        for seq, c in enumerate(analysis.chunks)
+    ]
+    first = operator.itemgetter(0)
+    symbols = {
+        "d": list(map(tuple, analysis.definitions)),
+        "r": list(map(tuple, analysis.references)),
+        "i": list(map(tuple, analysis.imports)),
+        # Enough to count and graph a snapshot without reading every chunk row.
+        "c": [[c.id, c.kind, dict(Counter(map(first, c.anchors)))] for c in analysis.chunks],
+    }
+    packed = zlib.compress(json.dumps(symbols).encode(), 1)
+    errors = (analysis.syntax_errors, int(analysis.decode_errors))
+    return StoredBlob(key, chunk_rows, (*errors, packed), symbols)
 
 
 @dataclass
