@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+import operator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tree_sitter import QueryCursor
 
@@ -27,16 +29,15 @@ from codekv.tokens import CounterSpec, TokenCounter
 TEXT = "text"
 
 
-@dataclass(frozen=True)
-class Definition:
+# Tuples (immutable, hashable, compared by value), made by the hundred thousand per index.
+class Definition(NamedTuple):
     name: str
     kind: str
     chunk_id: str
     start_byte: int
 
 
-@dataclass(frozen=True)
-class Reference:
+class Reference(NamedTuple):
     name: str
     kind: str
     chunk_id: str
@@ -44,8 +45,7 @@ class Reference:
     end_byte: int
 
 
-@dataclass(frozen=True)
-class Import:
+class Import(NamedTuple):
     module: str
     name: str | None
     alias: str | None
@@ -216,7 +216,7 @@ def _extract(analysis: BlobAnalysis, query, root, source: bytes) -> None:
         analysis.definitions, analysis.references, analysis.imports
     )
     bisect_right = bisect.bisect_right
-    seen: set[tuple] = set()
+    seen: set[Anchor] = set()
 
     def locate(offset: int) -> Chunk | None:
         index = bisect_right(starts, offset) - 1
@@ -225,13 +225,14 @@ def _extract(analysis: BlobAnalysis, query, root, source: bytes) -> None:
         return None
 
     def anchor(kind: str, name: str, start: int, end: int) -> Chunk | None:
-        chunk = locate(start)
-        if chunk is None:
+        index = bisect_right(starts, start) - 1
+        if index < 0 or start >= ends[index]:
             return None
-        key = (kind, start, end, name)
-        if key not in seen:
-            seen.add(key)
-            chunk.anchors.append(Anchor(kind, name, start, end))
+        chunk = ordered[index]
+        item = Anchor(kind, name, start, end)
+        if item not in seen:
+            seen.add(item)
+            chunk.anchors.append(item)
         return chunk
 
     def spans(nodes) -> list[tuple[int, int, str]]:
@@ -281,8 +282,7 @@ def _extract(analysis: BlobAnalysis, query, root, source: bytes) -> None:
                         anchor("call", text, node.start_byte, node.end_byte)
                     references.append(Reference(text, kind, chunk.id, start, end))
     for chunk in analysis.chunks:
-        chunk.anchors.sort(key=_anchor_order)
+        chunk.anchors.sort(key=_ANCHOR_ORDER)
 
 
-def _anchor_order(anchor: Anchor) -> tuple[int, int, str]:
-    return anchor.start_byte, anchor.end_byte, anchor.kind
+_ANCHOR_ORDER = operator.itemgetter(2, 3, 0)  # Anchor: start_byte, end_byte, kind

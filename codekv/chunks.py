@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from codekv.grammars import LanguageSpec, definition_name
 
@@ -18,9 +19,12 @@ CHUNKER_VERSION = "1"
 DEFAULT_BUDGET = 512
 
 
-@dataclass(frozen=True)
-class Anchor:
-    """A token span worth recomputing: a call, branch, return, assignment, def, use or import."""
+class Anchor(NamedTuple):
+    """A token span worth recomputing: a call, branch, return, assignment, def, use or import.
+
+    Immutable like a frozen dataclass, but a tuple: indexing makes 655k of them for the
+    standard library, where a tuple is built in a third of the time.
+    """
 
     kind: str
     name: str

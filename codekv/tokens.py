@@ -159,17 +159,18 @@ def _char_to_byte_offsets(text: str) -> list[int]:
 class _StartTable:
     """Token starts grouped into entries (words): ``before(x)`` counts tokens starting before x.
 
-    ``bounds[i]`` is where entry i starts, ``cum[i]`` how many tokens start before it; an entry
-    with several tokens keeps its key so their offsets inside it can be looked up.
+    ``bounds[i]`` is where entry i starts, ``cum[i]`` how many tokens start before it. An entry
+    of several tokens that is a word looks their offsets up in ``inner`` by its bytes; any
+    other entry's tokens all start where it does (a character split into several tokens).
     """
 
-    __slots__ = ("bounds", "cum", "keys", "inner")
+    __slots__ = ("bounds", "cum", "source", "inner")
 
-    def __init__(self, bounds, cum, keys, inner):
+    def __init__(self, bounds, cum, source, inner):
         self.bounds = bounds  # strictly increasing byte offsets
         self.cum = cum  # len(bounds) + 1 running token counts
-        self.keys = keys  # per entry: a key of ``inner``, or None when all its tokens start at it
-        self.inner = inner  # key -> token offsets inside the entry (entries of 2+ tokens only)
+        self.source = source
+        self.inner = inner  # ASCII word -> offsets of its tokens (words of 2+ tokens only)
 
     @classmethod
     def of_starts(cls, starts: list[int]) -> _StartTable:
@@ -182,18 +183,22 @@ class _StartTable:
             else:
                 bounds.append(start)
                 cum.append(index + 1)
-        return cls(bounds, cum, [None] * len(bounds), {})
+        return cls(bounds, cum, b"", {})
 
     def before(self, offset: int) -> int:
         index = bisect.bisect_left(self.bounds, offset)
         if index == 0:
             return 0
-        total = self.cum[index]
-        key = self.keys[index - 1]
-        if key is not None and key in self.inner:
+        cum = self.cum
+        total = cum[index]
+        if total - cum[index - 1] > 1:
             # Tokens of the entry holding ``offset`` that start at or after it do not count.
-            inside = offset - self.bounds[index - 1]
-            total -= sum(1 for rel in self.inner[key] if rel >= inside)
+            bounds = self.bounds
+            start = bounds[index - 1]
+            end = bounds[index] if index < len(bounds) else len(self.source)
+            inner = self.inner.get(self.source[start:end])
+            if inner is not None:
+                total -= sum(1 for rel in inner if rel >= offset - start)
         return total
 
 
@@ -205,6 +210,20 @@ _ASCII_WORD = re.compile(
     rb"|[" + _WS + rb"]+(?![^" + _WS + rb"])|[" + _WS + rb"]+"
 )
 _NEWLINE_RUN = re.compile(rb"[" + _WS + rb"]*\n")
+
+
+def _byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> character map: printable bytes stand for themselves, the others
+    (control bytes, space, some Latin-1) for characters from U+0100 on, in byte order."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    moved = [b for b in range(256) if b not in kept]
+    mapping = {b: chr(b) for b in kept}
+    mapping.update({b: chr(0x100 + i) for i, b in enumerate(moved)})
+    return mapping
+
+
+# For str.translate on a word decoded as Latin-1 (one character per byte).
+_BYTE_LEVEL = {b: c for b, c in _byte_level_alphabet().items() if chr(b) != c}
 
 
 class _ByteLevelWords:
@@ -226,6 +245,7 @@ class _ByteLevelWords:
         self._added = sorted({a.encode() for a in added if a.isascii()}, key=len, reverse=True)
         hard = [rb"[\x80-\xff]+"] + [re.escape(a) for a in self._added]
         self._hard = re.compile(b"|".join(hard))
+        self._any_added = re.compile(b"|".join(re.escape(a) for a in self._added) or b"(?!)")
         self._counts: dict[bytes, int] = {}
         self._inner: dict[bytes, tuple[int, ...]] = {}
 
@@ -261,20 +281,19 @@ class _ByteLevelWords:
                 return None
         bounds: list[int] = []
         cum = [0]
-        keys: list[bytes | None] = []
         position = 0
         for start, end in self._hard_stretches(source):
             if start > position:
-                self._add_words(source, position, start, bounds, cum, keys)
-            self._add_encoded(source, start, end, bounds, cum, keys)
+                self._add_words(source, position, start, bounds, cum)
+            self._add_encoded(source, start, end, bounds, cum)
             position = end
         if position < len(source):
-            self._add_words(source, position, len(source), bounds, cum, keys)
-        return _StartTable(bounds, cum, keys, self._inner)
+            self._add_words(source, position, len(source), bounds, cum)
+        return _StartTable(bounds, cum, source, self._inner)
 
     def _hard_stretches(self, source: bytes):
         """Ranges the tokenizer must encode, widened to word-ending cut points, merged."""
-        if source.isascii() and not any(added in source for added in self._added):
+        if source.isascii() and not self._any_added.search(source):
             return  # the common case, checked at C speed before any regex runs
         stretch = None
         for match in self._hard.finditer(source):
@@ -319,7 +338,7 @@ class _ByteLevelWords:
                     return match.start()
             offset = match.end()
 
-    def _add_words(self, source, start, end, bounds, cum, keys) -> None:
+    def _add_words(self, source, start, end, bounds, cum) -> None:
         words = _ASCII_WORD.findall(source, start, end)
         counts = self._counts
         try:
@@ -331,24 +350,24 @@ class _ByteLevelWords:
         offsets.pop()
         bounds.extend(offsets)
         cum.extend(itertools.accumulate(sizes, initial=cum.pop()))
-        keys.extend(words)
 
     def _learn(self, words: set[bytes]) -> None:
-        """Encode words never seen before, each on its own, and cache their token offsets."""
-        words = list(words)
-        encoding = self.tokenizer.encode(
-            [w.decode("ascii") for w in words], is_pretokenized=True, add_special_tokens=False
-        )
-        inner: dict[int, list[int]] = {}
-        for word, (begin, _) in zip(encoding.word_ids, encoding.offsets):
-            inner.setdefault(word, []).append(begin)
-        for index, word in enumerate(words):
-            rel = inner.get(index, ())
-            self._counts[word] = len(rel)
-            if len(rel) > 1:
-                self._inner[word] = tuple(rel)
+        """BPE-encode words never seen before, each on its own, and cache their tokens' offsets.
 
-    def _add_encoded(self, source, start, end, bounds, cum, keys) -> None:
+        The pipeline would split each word into itself (it is one pre-tokenizer match) and
+        map its bytes to the byte-level alphabet; doing that here and calling the model
+        directly halves the cost. A token's offset is the number of bytes before it.
+        """
+        tokenize = self.tokenizer.model.tokenize
+        for word in words:
+            tokens = tokenize(word.decode("latin-1").translate(_BYTE_LEVEL))
+            self._counts[word] = len(tokens)
+            if len(tokens) > 1:
+                self._inner[word] = tuple(
+                    itertools.accumulate((len(t.value) for t in tokens[:-1]), initial=0)
+                )
+
+    def _add_encoded(self, source, start, end, bounds, cum) -> None:
         text = source[start:end].decode("utf-8")
         offsets = self.tokenizer.encode(text, add_special_tokens=False).offsets
         byte_at = _char_to_byte_offsets(text) if len(text) != end - start else None
@@ -361,4 +380,3 @@ class _ByteLevelWords:
             else:
                 bounds.append(position)
                 cum.append(total)
-                keys.append(None)
