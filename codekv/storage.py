@@ -56,29 +56,14 @@ CREATE TABLE IF NOT EXISTS skipped (
 CREATE TABLE IF NOT EXISTS graphs (
     repo_id INTEGER PRIMARY KEY, snapshot TEXT NOT NULL, stats TEXT NOT NULL, uses BLOB NOT NULL
 );
--- The def-use graph of the snapshot in ``graphs``, kept per path so that a changed file
--- updates it in place (codekv/anchors/state.py): each path's uses, and what resolving it
--- depended on (files whose definitions it read; names only the whole repository decided).
-CREATE TABLE IF NOT EXISTS graph_paths (
+-- The def-use graph of the snapshot in ``graphs``, one row per path, so that a changed file
+-- updates it in place (codekv/anchors/state.py): the path's uses, and what resolving it
+-- depended on (its definitions, names only the whole repository decided, files it read).
+CREATE TABLE IF NOT EXISTS graph_files (
     repo_id INTEGER NOT NULL, path TEXT NOT NULL, blob_hash TEXT NOT NULL,
-    language TEXT NOT NULL, n_uses INTEGER NOT NULL, uses BLOB NOT NULL,
+    language TEXT NOT NULL, n_uses INTEGER NOT NULL, uses BLOB NOT NULL, basis BLOB NOT NULL,
     PRIMARY KEY (repo_id, path)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS graph_defs (
-    repo_id INTEGER NOT NULL, name TEXT NOT NULL, path TEXT NOT NULL, chunk_id TEXT NOT NULL,
-    PRIMARY KEY (repo_id, name, path, chunk_id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS graph_defs_by_path ON graph_defs (repo_id, path);
-CREATE TABLE IF NOT EXISTS graph_falls (
-    repo_id INTEGER NOT NULL, name TEXT NOT NULL, path TEXT NOT NULL,
-    PRIMARY KEY (repo_id, name, path)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS graph_falls_by_path ON graph_falls (repo_id, path);
-CREATE TABLE IF NOT EXISTS graph_deps (
-    repo_id INTEGER NOT NULL, target TEXT NOT NULL, path TEXT NOT NULL,
-    PRIMARY KEY (repo_id, target, path)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS graph_deps_by_path ON graph_deps (repo_id, path);
 """
 
 
@@ -308,7 +293,7 @@ class IndexStore:
             return json.loads(row[0]), json.loads(zlib.decompress(row[1]))
         uses = []
         for (packed,) in self.db.execute(
-            "SELECT uses FROM graph_paths WHERE repo_id = ? ORDER BY path", (repo_id,)
+            "SELECT uses FROM graph_files WHERE repo_id = ? ORDER BY path", (repo_id,)
         ):
             uses.extend(use[1:] for use in json.loads(zlib.decompress(packed)))
         return json.loads(row[0]), uses
@@ -324,61 +309,42 @@ class IndexStore:
 
     # -- the graph state (codekv/anchors/state.py) ------------------------------------------
     @_guarded
-    def graph_paths(self, repo_id: int, paths=None, uses: bool = False) -> dict[str, tuple]:
-        """path -> (blob hash, language, number of uses[, packed uses]) of the stored graph."""
-        columns = "path, blob_hash, language, n_uses" + (", uses" if uses else "")
-        query = f"SELECT {columns} FROM graph_paths WHERE repo_id = ?"
+    def graph_files(self, repo_id: int, paths=None, columns: str = "") -> dict[str, tuple]:
+        """path -> (blob hash, language, number of uses, *columns) of the stored graph, for
+        all paths or those given; ``columns``: more of its columns, as ", uses, basis"."""
+        assert columns in ("", ", uses", ", basis", ", uses, basis"), columns
+        query = f"SELECT path, blob_hash, language, n_uses{columns} FROM graph_files"
         if paths is None:
-            rows = self.db.execute(query, (repo_id,))
+            rows = self.db.execute(f"{query} WHERE repo_id = ?", (repo_id,))
             return {path: tuple(rest) for path, *rest in rows}
         found = {}
         for batch in _batches(sorted(set(paths))):
             marks = ",".join("?" * len(batch))
-            for path, *rest in self.db.execute(f"{query} AND path IN ({marks})", (repo_id, *batch)):
-                found[path] = tuple(rest)
+            rows = self.db.execute(f"{query} WHERE repo_id = ? AND path IN ({marks})",
+                                   (repo_id, *batch))
+            found.update((path, tuple(rest)) for path, *rest in rows)
         return found
 
     @_guarded
-    def graph_select(self, table: str, column: str, repo_id: int, values) -> list[tuple]:
-        """Rows of a graph state table (graph_defs, graph_falls, graph_deps) whose ``column``
-        is one of ``values``, all columns but ``repo_id``."""
-        assert table in _GRAPH_TABLES and column in ("name", "path", "target"), (table, column)
-        out: list[tuple] = []
-        for batch in _batches(sorted(set(values))):
-            marks = ",".join("?" * len(batch))
-            out.extend(
-                tuple(row[1:])
-                for row in self.db.execute(
-                    f"SELECT * FROM {table} WHERE repo_id = ? AND {column} IN ({marks})",
-                    (repo_id, *batch),
-                )
-            )
-        return out
-
-    @_guarded
-    def put_graph_state(self, repo_id: int, snapshot: str, stats: dict, rows: dict,
+    def put_graph_state(self, repo_id: int, snapshot: str, stats: dict, rows: list[tuple],
                         replace_paths=None) -> None:
-        """Store the graph of ``snapshot`` in one transaction: everything anew, or (with
-        ``replace_paths``) only those paths' rows. ``rows`` maps each graph state table to its
-        rows without ``repo_id``."""
+        """Store the graph of ``snapshot`` in one transaction: all paths' rows anew, or (with
+        ``replace_paths``) those paths' only. ``rows`` are ``graph_files`` rows without
+        ``repo_id``."""
         with self.transaction():
-            for table in _GRAPH_TABLES:
-                if replace_paths is None:
-                    self.db.execute(f"DELETE FROM {table} WHERE repo_id = ?", (repo_id,))
-                    continue
+            if replace_paths is None:
+                self.db.execute("DELETE FROM graph_files WHERE repo_id = ?", (repo_id,))
+            else:
                 for batch in _batches(sorted(set(replace_paths))):
                     marks = ",".join("?" * len(batch))
                     self.db.execute(
-                        f"DELETE FROM {table} WHERE repo_id = ? AND path IN ({marks})",
+                        f"DELETE FROM graph_files WHERE repo_id = ? AND path IN ({marks})",
                         (repo_id, *batch),
                     )
-            for table, table_rows in rows.items():
-                assert table in _GRAPH_TABLES, table
-                width = {"graph_paths": 6, "graph_defs": 4}.get(table, 3)
-                self.db.executemany(
-                    f"INSERT OR REPLACE INTO {table} VALUES ({','.join('?' * width)})",
-                    [(repo_id, *row) for row in table_rows],
-                )
+            self.db.executemany(
+                "INSERT INTO graph_files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(repo_id, *row) for row in rows],
+            )
             self.db.execute(
                 "INSERT OR REPLACE INTO graphs VALUES (?, ?, ?, ?)",
                 (repo_id, snapshot, json.dumps(stats), b""),
@@ -406,9 +372,6 @@ class IndexStore:
             self.db.execute(f"DELETE FROM chunks {dead}", (repo_id, chunker, repo_id))
         self.db.execute("VACUUM")
         return removed
-
-
-_GRAPH_TABLES = ("graph_paths", "graph_defs", "graph_falls", "graph_deps")
 
 
 def _batches(values: list, size: int = 500):

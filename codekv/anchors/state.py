@@ -4,10 +4,13 @@ Resolving every reference of the standard library (344k) takes seconds, most of 
 them back from the database; after one file changes, few can resolve differently:
 
 - the file's own references;
-- references in files whose imported names were read from it (``graph_deps``);
+- references in files whose imported names were read from it;
 - anywhere else, references to a name the file defines (before or after the change) that
-  only the repository-wide lookup decided (``graph_falls``), and only when that lookup's
-  answer for the name changes (unique target <-> ambiguous or none, or a new chunk id).
+  only the repository-wide lookup decided, and only when that lookup's answer for the name
+  changes (unique target <-> ambiguous or none, or a new chunk id).
+
+So each path's row keeps, beside its uses, the basis of its resolution: its definitions,
+the names the repository-wide lookup decided, and the files whose definitions it read.
 
 Those files are resolved again with ``resolve_file``, the same code a full build runs, so an
 update gives exactly what a full build of the new snapshot would; when the set of paths
@@ -74,24 +77,24 @@ def _target(targets: set[str]):
     return "*ambiguous*" if targets else None
 
 
-def _pack(uses: list[tuple]) -> bytes:
-    return zlib.compress(json.dumps(uses).encode(), 1)
+def _pack(data) -> bytes:
+    return zlib.compress(json.dumps(data).encode(), 1)
 
 
-def _unpack(packed: bytes) -> list[list]:
+def _unpack(packed: bytes):
     return json.loads(zlib.decompress(packed))
 
 
-def _rows(path: str, key: tuple[str, str], info: BlobInfo, resolved) -> dict[str, list]:
-    """The graph state rows of one path (``storage`` adds the repository)."""
-    sym = info.symbols
-    uses = resolved.uses
-    return {
-        "graph_paths": [(path, *key, len(uses), _pack(uses))],
-        "graph_defs": [(name, path, chunk_id) for name, chunk_id in set(sym.defs)],
-        "graph_falls": [(name, path) for name in resolved.falls],
-        "graph_deps": [(target, path) for target in resolved.deps],
+def _row(path: str, key: tuple[str, str], info: BlobInfo, resolved) -> tuple:
+    """The path's ``graph_files`` row (``storage`` adds the repository)."""
+    basis = {
+        "d": sorted(set(info.symbols.defs)),
+        "f": sorted(resolved.falls),
+        "p": sorted(resolved.deps),
     }
+    uses = resolved.uses
+    # The basis is read for every path at each update: plain JSON, no decompression.
+    return (path, *key, len(uses), _pack(uses), json.dumps(basis).encode())
 
 
 class GraphState:
@@ -124,13 +127,12 @@ class GraphState:
         infos = self.blobs(set(self.files.values()))
         files = {path: key for path, key in self.files.items() if key in infos}
         resolved = resolve_snapshot({path: infos[key].symbols for path, key in files.items()})
-        rows: dict[str, list] = defaultdict(list)
+        rows = []
         pairs: set[tuple[str, str]] = set()
         n_uses = 0
         for path, key in files.items():
             result = resolved[path]
-            for table, table_rows in _rows(path, key, infos[key], result).items():
-                rows[table].extend(table_rows)
+            rows.append(_row(path, key, infos[key], result))
             pairs.update((use[1], use[2]) for use in result.uses)
             n_uses += len(result.uses)
         stats = _blob_stats(files, infos)
@@ -143,7 +145,7 @@ class GraphState:
         stored = self.store.graph_stats(self.repo_id)
         if stored is None or stored[1].get("chunker") != self.chunker:
             return None
-        old = self.store.graph_paths(self.repo_id)
+        old = self.store.graph_files(self.repo_id, columns=", basis")
         if set(old) != set(self.files):
             return None
         changed = sorted(p for p, key in self.files.items() if old[p][:2] != key)
@@ -152,54 +154,47 @@ class GraphState:
         infos = self.blobs({self.files[p] for p in changed})
         if len(infos) < len({self.files[p] for p in changed}):
             return None
-        fresh = {p: infos[self.files[p]].symbols for p in changed}
+        basis = {p: json.loads(row[3]) for p, row in old.items()}
 
         # Names the changed files define, before and after, and how the repository-wide
         # lookup answers for them now and before.
-        old_defs = defaultdict(set)
-        for name, _, chunk_id in self.store.graph_select("graph_defs", "path", self.repo_id,
-                                                         changed):
-            old_defs[name].add(chunk_id)
-        new_defs = defaultdict(set)
-        for sym in fresh.values():
-            for name, chunk_id in sym.defs:
+        old_defs, new_defs = defaultdict(set), defaultdict(set)
+        for path in changed:
+            for name, chunk_id in basis[path]["d"]:
+                old_defs[name].add(chunk_id)
+            for name, chunk_id in infos[self.files[path]].symbols.defs:
                 new_defs[name].add(chunk_id)
-        everywhere = _Everywhere(self, set(changed), new_defs)
-        names = set(old_defs) | set(new_defs)
-        everywhere.prefetch(names)
-        decided = {
-            name for name in names
-            if _target(everywhere.base[name] | old_defs[name]) != _target(everywhere[name])
+        everywhere = _Everywhere(basis, set(changed), new_defs)
+        everywhere.prefetch(set(old_defs) | set(new_defs))
+        decided = set()
+        for name in set(old_defs) | set(new_defs):
+            before = everywhere.base.get(name, set()) | old_defs[name]
+            if _target(before) != _target(everywhere[name]):
+                decided.add(name)
+        targets = set(changed)
+        affected = set(changed) | {
+            path for path, data in basis.items()
+            if not targets.isdisjoint(data["p"]) or not decided.isdisjoint(data["f"])
         }
-        importers = {path for _, path in self.store.graph_select(
-            "graph_deps", "target", self.repo_id, changed)}
-        falls = {path for _, path in self.store.graph_select(
-            "graph_falls", "name", self.repo_id, decided)}
-        affected = sorted(set(changed) | importers | falls)
         if len(affected) > MAX_UPDATED_PATHS:
             return None
 
         keys = {self.files[p] for p in affected}
         infos.update(self.blobs(keys - set(infos)))
-        if len(keys - set(infos)):
+        if keys - set(infos):
             return None
-        symbols = {p: infos[self.files[p]].symbols for p in affected}
-        definitions = _Definitions(self, symbols)
+        symbols = {p: infos[self.files[p]].symbols for p in sorted(affected)}
         everywhere.prefetch({ref[0] for sym in symbols.values() for ref in sym.refs})
+        definitions = _Definitions(self.files, basis, symbols)
         modules = ModuleResolver(self.files)
         resolved = {
-            p: resolve_file(p, symbols[p], definitions, everywhere, modules) for p in affected
+            p: resolve_file(p, sym, definitions, everywhere, modules) for p, sym in symbols.items()
         }
-
         stats = self._updated_stats(stored[1], old, resolved, infos)
         if stats is None:
             return None
-        rows: dict[str, list] = defaultdict(list)
-        for path in affected:
-            key = self.files[path]
-            for table, table_rows in _rows(path, key, infos[key], resolved[path]).items():
-                rows[table].extend(table_rows)
-        return _sorted(stats), rows, affected
+        rows = [_row(p, self.files[p], infos[self.files[p]], r) for p, r in resolved.items()]
+        return _sorted(stats), rows, sorted(affected)
 
     def _updated_stats(self, stats: dict, old: dict, resolved: dict, infos: dict):
         stats = json.loads(json.dumps(stats))  # a copy
@@ -236,13 +231,10 @@ class GraphState:
         # Uses and edges: the uses of the re-resolved paths replace theirs; an edge is a
         # distinct (source, target) pair, and sources are chunks of the path's own blob, so
         # only the blobs of re-resolved paths can gain or lose edges.
-        stored = self.store.graph_paths(self.repo_id, resolved, uses=False)
-        uses += sum(len(r.uses) for r in resolved.values()) - sum(
-            stored[p][2] for p in resolved
-        )
+        uses += sum(len(r.uses) for r in resolved.values()) - sum(old[p][2] for p in resolved)
         touched = {old[p][:2] for p in resolved} | {self.files[p] for p in resolved}
         members = [p for p in old if old[p][:2] in touched or self.files[p] in touched]
-        packed = self.store.graph_paths(self.repo_id, members, uses=True)
+        packed = self.store.graph_files(self.repo_id, members, columns=", uses")
         old_uses = {p: _unpack(packed[p][3]) for p in members}
         new_uses = {p: resolved[p].uses if p in resolved else old_uses[p] for p in members}
         for group in touched:
@@ -257,48 +249,55 @@ class GraphState:
 
 
 class _Everywhere:
-    """name -> chunk ids defining it anywhere in the new snapshot, read from the stored
-    definitions of unchanged paths (``base``) plus the changed files' new ones."""
+    """name -> chunk ids defining it anywhere in the new snapshot: the unchanged paths'
+    stored definitions (``base``, read for the names asked for) plus the changed files' new
+    ones."""
 
-    def __init__(self, state: GraphState, changed: set[str], new_defs: dict[str, set[str]]):
-        self.state = state
+    def __init__(self, basis: dict, changed: set[str], new_defs: dict[str, set[str]]):
+        self.basis = basis
         self.changed = changed
         self.new_defs = new_defs
         self.base: dict[str, set[str]] = {}
 
     def prefetch(self, names) -> None:
-        missing = [n for n in names if n not in self.base]
-        for name in missing:
-            self.base[name] = set()
-        rows = self.state.store.graph_select("graph_defs", "name", self.state.repo_id, missing)
-        for name, path, chunk_id in rows:
-            if path not in self.changed:
-                self.base[name].add(chunk_id)
+        wanted = {name for name in names if name not in self.base}
+        if not wanted:
+            return
+        base = self.base
+        for name in wanted:
+            base[name] = set()
+        for path, data in self.basis.items():
+            if path in self.changed:
+                continue
+            for name, chunk_id in data["d"]:
+                if name in wanted:
+                    base[name].add(chunk_id)
 
     def __getitem__(self, name: str) -> set[str]:
         if name not in self.base:
-            self.prefetch([name])
-        return self.base[name] | self.new_defs.get(name, set())
+            self.prefetch((name,))
+        base, new = self.base[name], self.new_defs.get(name)
+        return base | new if new else base
 
     def get(self, name: str, default=None):
         return self[name] or default
 
 
 class _Definitions:
-    """path -> name -> chunk ids, for the files resolved again (from their symbols) and any
-    file they read (from the stored definitions, which are unchanged for those)."""
+    """path -> name -> chunk ids: the re-resolved files' from their symbols, any other's
+    (unchanged, since only those can have changed) from its stored basis."""
 
-    def __init__(self, state: GraphState, symbols: dict[str, FileSymbols]):
-        self.state = state
+    def __init__(self, files: dict, basis: dict, symbols: dict[str, FileSymbols]):
+        self.files = files
+        self.basis = basis
         self.known = {p: sym.by_name() for p, sym in symbols.items()}
 
     def get(self, path: str, default=None):
-        if path not in self.state.files:
+        if path not in self.files:
             return default
         if path not in self.known:
             by_name = defaultdict(set)
-            rows = self.state.store.graph_select("graph_defs", "path", self.state.repo_id, [path])
-            for name, _, chunk_id in rows:
+            for name, chunk_id in self.basis[path]["d"]:
                 by_name[name].add(chunk_id)
             self.known[path] = by_name
         return self.known[path]
@@ -310,7 +309,7 @@ class _Definitions:
         return found
 
     def __contains__(self, path: str) -> bool:
-        return path in self.state.files
+        return path in self.files
 
 
 def _blob_stats(files: dict, infos: dict) -> dict:
