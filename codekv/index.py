@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from codekv import gitrepo, paths
+from codekv import gitrepo, grammars, paths
 from codekv.analysis import Analyzer, chunker_version
 from codekv.anchors.graph import DefUseGraph, Use, build_graph
 from codekv.anchors.state import BlobInfo, GraphState
@@ -55,13 +55,27 @@ class _Task:
 
 
 _worker: tuple[Analyzer, gitrepo.BlobReader, int] | None = None
+_analyzers: dict[tuple[CounterSpec, int], Analyzer] = {}
+
+
+def _analyzer(counter: CounterSpec, budget: int, languages=()) -> Analyzer:
+    """One analyzer per counter and budget per process (loading a tokenizer takes 0.2 s);
+    made before the workers fork, they inherit it, with ``languages``' queries compiled."""
+    analyzer = _analyzers.get((counter, budget))
+    if analyzer is None:
+        analyzer = _analyzers[counter, budget] = Analyzer(counter, budget)
+    for language in languages:
+        if language in grammars.LANGUAGES:
+            grammars.query(language)
+    return analyzer
 
 
 def _init_worker(
     counter: CounterSpec, budget: int, repo_path: str, repo_id: int = 0, pool: bool = False
 ) -> None:
     global _worker
-    _worker = (Analyzer(counter, budget), gitrepo.BlobReader(repo_path), repo_id)
+    # The repository is opened here, not inherited: libgit2's file handles are per process.
+    _worker = (_analyzer(counter, budget), gitrepo.BlobReader(repo_path), repo_id)
     if pool:
         # Analysis makes millions of short-lived objects and no cycles: the cycle collector
         # would only rescan them (about a tenth of the run); a pool worker exits at the end.
@@ -206,6 +220,7 @@ class Index:
             for task in tasks:
                 record(*_analyze(task))
         else:
+            _analyzer(self.counter, self.budget, {task.language for task in tasks})
             context = multiprocessing.get_context("fork")
             with context.Pool(workers, initializer=_init_worker, initargs=(*args, True)) as pool:
                 for result in pool.imap_unordered(_analyze, tasks, chunksize=4):
