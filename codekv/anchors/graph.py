@@ -11,8 +11,10 @@ from __future__ import annotations
 import posixpath
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import networkx as nx
+if TYPE_CHECKING:  # networkx takes 0.1 s to import; only build_graph needs it
+    import networkx as nx
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ def build_graph(files: dict) -> DefUseGraph:
     ``language``, ``definitions``, ``references``, ``imports`` and ``chunk_ids`` (or
     ``FileSymbols``, the plain form the indexer builds without those objects).
     """
+    import networkx as nx
+
     symbols = {path: FileSymbols.of(analysis) for path, analysis in files.items()}
     graph = nx.DiGraph()
     for path, sym in symbols.items():
