@@ -47,14 +47,17 @@ def anchor_positions(context: SelectionContext) -> list[int]:
 
 @dataclass
 class AnchorSelection(Strategy):
-    """Boundary tokens, then the def-use sites present in this request, then ranked anchors."""
+    """Boundary tokens, then the def-use sites present in this request, then ranked anchors;
+    budget the anchors leave (text passages have none) goes to longer boundaries."""
 
     name = "anchors"
     boundary_per_chunk: int = 16
 
     def select(self, context: SelectionContext) -> list[int]:
         boundary = take(boundary_positions(context, self.boundary_per_chunk), context.budget // 2)
-        return sorted(take(anchor_positions(context), context.budget, boundary))
+        chosen = take(anchor_positions(context), context.budget, boundary)
+        longest = max((s.length for s in context.segments), default=0)
+        return sorted(take(boundary_positions(context, longest), context.budget, chosen))
 
 
 @dataclass
