@@ -97,7 +97,9 @@ class Analyzer:
             language, grammars.parser(language)
         )
         tree = parser.parse(source)
-        pieces = Chunker(spec, self.counter.count, self.budget).pieces(tree.root_node, source)
+        fits = functools.partial(self.counter.fits, budget=self.budget)
+        chunker = Chunker(spec, self.counter.count, self.budget, fits)
+        pieces = chunker.pieces(tree.root_node, source)
         chunks = self._chunks(blob_hash, language, source, pieces)
         analysis = BlobAnalysis(
             blob_hash,

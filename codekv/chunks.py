@@ -92,10 +92,13 @@ def number_parts(pieces: list[_Piece]) -> list[int]:
 class Chunker:
     """Cuts one file of one language into pieces under a token budget."""
 
-    def __init__(self, spec: LanguageSpec, count, budget: int = DEFAULT_BUDGET):
+    def __init__(self, spec: LanguageSpec, count, budget: int = DEFAULT_BUDGET, fits=None):
         self.spec = spec
         self.count = count  # count(start_byte, end_byte) -> tokens
         self.budget = budget
+        # fits(start_byte, end_byte) -> whether the range is within the budget; a counter
+        # may answer it without counting (see TokenCounter.fits).
+        self.fits = fits or (lambda start, end: count(start, end) <= budget)
 
     def pieces(self, root, source: bytes) -> list[_Piece]:
         self.source = source
@@ -210,7 +213,7 @@ class Chunker:
         qualname = f"{parent}.{name}" if parent and name else name
         kind = "class" if is_class else ("method" if parent else "function")
         end = node.end_byte
-        if self.count(start, end) <= self.budget:
+        if self.fits(start, end):
             out.append(_Piece(kind, start, end, name, qualname, parent))
             return
         body = definition.child_by_field_name(self.spec.body_field)
@@ -234,7 +237,7 @@ class Chunker:
         name = definition_name(self.spec, inner)
         qualname = f"{parent}.{name}" if parent and name else name
         body = inner.child_by_field_name(self.spec.body_field)
-        if self.count(start, node.end_byte) <= self.budget or body is None:
+        if self.fits(start, node.end_byte) or body is None:
             out.append(_Piece("module", start, node.end_byte, name, qualname, parent))
             return
         owner = _Piece("module", 0, 0, name, qualname, parent)
@@ -252,12 +255,12 @@ class Chunker:
     def _cut(self, statements, cuts: list[int]) -> None:
         """Greedy cuts before statements; a statement too big alone is cut inside, recursively."""
         for node in statements:
-            if self.count(cuts[-1], node.end_byte) <= self.budget:
+            if self.fits(cuts[-1], node.end_byte):
                 continue
             cut = self._line_start(node.start_byte)
             if cut > cuts[-1]:
                 cuts.append(cut)
-            if self.count(cuts[-1], node.end_byte) > self.budget:
+            if not self.fits(cuts[-1], node.end_byte):
                 inner = _statements_inside(node)
                 if inner:
                     self._cut(inner, cuts)
@@ -266,7 +269,7 @@ class Chunker:
         """Merge consecutive small siblings into chunks of at most the budget."""
         groups: list[list[tuple[int, int]]] = []
         for start, end in ranges:
-            if groups and self.count(groups[-1][0][0], end) <= self.budget:
+            if groups and self.fits(groups[-1][0][0], end):
                 groups[-1].append((start, end))
             else:
                 groups.append([(start, end)])

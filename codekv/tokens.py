@@ -115,6 +115,17 @@ class TokenCounter:
     def reset(self, source: bytes) -> None:
         self._source = source
         self._table = None
+        # A byte-level BPE token holds at least one byte, so a range of UTF-8 text never has
+        # more tokens than bytes. (Not so for bytes that are not UTF-8: each is replaced by
+        # U+FFFD before tokenizing, three bytes.)
+        self._at_most_bytes = self._tokenizer is None or _is_utf8(source)
+
+    def fits(self, start: int, end: int, budget: int) -> bool:
+        """Whether ``count(start, end) <= budget``; counted only for ranges over ``budget``
+        bytes (most of the chunker's questions are about small ranges)."""
+        if end - start <= budget and self._at_most_bytes:
+            return True
+        return self.count(start, end) <= budget
 
     def count(self, start: int, end: int) -> int:
         if self._tokenizer is None or end - start <= 1:
@@ -130,6 +141,16 @@ class TokenCounter:
             if table is not None:
                 return table
         return _StartTable.of_starts(reference_starts(self._tokenizer, source))
+
+
+def _is_utf8(source: bytes) -> bool:
+    if source.isascii():
+        return True
+    try:
+        source.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def reference_starts(tokenizer, source: bytes) -> list[int]:

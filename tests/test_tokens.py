@@ -25,7 +25,8 @@ SOURCES = [
     b"",
     b"a",
 ]
-TRAINING = [s.decode("utf-8", "replace") for s in SOURCES] * 3 + [
+# Not trained on U+FFFD: a byte that is not UTF-8 stays three tokens, more than its one byte.
+TRAINING = [s.decode("utf-8", "ignore") for s in SOURCES] * 3 + [
     "def push(self, item):\n        self.items.append(item)\n    return width * height\n"
 ]
 
@@ -69,6 +70,29 @@ def test_word_counts_equal_whole_file_counts(byte_level_bpe):
     # Again with every word cached: the second pass must not depend on the first's misses.
     for source in reversed(SOURCES):
         _check_all_ranges(counter, source)
+
+
+def _char_starts(source: bytes) -> list[int]:
+    """Offsets the chunker can cut at: character boundaries (every byte if not UTF-8)."""
+    try:
+        text = source.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(range(len(source) + 1))
+    return sorted({len(text[:i].encode()) for i in range(len(text) + 1)})
+
+
+def test_fits_answers_like_counting(byte_level_bpe):
+    """``fits`` skips counting ranges of at most ``budget`` bytes: the same answers, the
+    file that is not UTF-8 (more tokens than bytes there) included."""
+    for counter in (TokenCounter(byte_level_bpe), TokenCounter(CounterSpec("bytes"))):
+        for source in SOURCES:
+            counter.reset(source)
+            offsets = _char_starts(source)
+            for budget in (1, 2, 3, 5, 8, 13):
+                for i, start in enumerate(offsets):
+                    for end in offsets[i:]:
+                        expected = counter.count(start, end) <= budget
+                        assert counter.fits(start, end, budget) == expected, (source, start, end)
 
 
 def test_hard_stretches_are_cut_where_words_always_end(byte_level_bpe):
