@@ -317,17 +317,17 @@ class _ByteLevelWords:
         if source.isascii() and not self._any_added.search(source):
             return  # the common case, checked at C speed before any regex runs
         stretch = None
-        for match in self._hard.finditer(source):
-            if stretch is not None and match.start() < stretch[1]:
-                continue
+        match = self._hard.search(source)
+        while match is not None:
             start = self._cut_before(source, match.start())
             end = self._cut_after(source, match.end())
             if stretch is not None and start <= stretch[1]:
                 stretch = (stretch[0], end)
-                continue
-            if stretch is not None:
-                yield stretch
-            stretch = (start, end)
+            else:
+                if stretch is not None:
+                    yield stretch
+                stretch = (start, end)
+            match = self._hard.search(source, end)  # what the stretch covers is done
         if stretch is not None:
             yield stretch
 
