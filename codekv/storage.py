@@ -388,6 +388,10 @@ class StoredBlob(NamedTuple):
     symbols: dict | None = None  # what was packed, unpacked: for the caller, not stored
 
 
+# json.dumps's output without its check for reference cycles (plain lists and tuples here).
+_dumps = json.JSONEncoder(check_circular=False).encode
+
+
 def blob_rows(repo_id: int, analysis: BlobAnalysis) -> StoredBlob:
     # Anchors, definitions, references and imports are named tuples whose fields are in the
     # order stored here: JSON writes them as arrays, and plain tuples pickle cheaply.
@@ -396,7 +400,7 @@ def blob_rows(repo_id: int, analysis: BlobAnalysis) -> StoredBlob:
         (
             repo_id, c.id, c.blob_hash, c.language, analysis.chunker, seq, c.kind,
             c.name, c.qualname, c.parent, c.part, c.start_byte, c.end_byte,
-            c.start_line, c.end_line, c.n_tokens, json.dumps(c.anchors),
+            c.start_line, c.end_line, c.n_tokens, _dumps(c.anchors),
         )
         for seq, c in enumerate(analysis.chunks)
     ]
@@ -408,7 +412,7 @@ def blob_rows(repo_id: int, analysis: BlobAnalysis) -> StoredBlob:
         # Enough to count and graph a snapshot without reading every chunk row.
         "c": [[c.id, c.kind, dict(Counter(map(first, c.anchors)))] for c in analysis.chunks],
     }
-    packed = zlib.compress(json.dumps(symbols).encode(), 1)
+    packed = zlib.compress(_dumps(symbols).encode(), 1)
     errors = (analysis.syntax_errors, int(analysis.decode_errors))
     return StoredBlob(key, chunk_rows, (*errors, packed), symbols)
 
