@@ -188,7 +188,14 @@ def _count_errors(root) -> int:
 _DEF, _CALL, _REF, _FLOW, _ASSIGN, _IMPORT = range(6)
 
 
-@functools.cache
+class _Roles(dict):
+    """capture name -> (role, kind), computed once per name (a dict lookup in the loop)."""
+
+    def __missing__(self, capture: str) -> tuple[int | None, str]:
+        role = self[capture] = _role(capture)
+        return role
+
+
 def _role(capture: str) -> tuple[int | None, str]:
     if capture.startswith("definition."):
         return _DEF, capture[11:]
@@ -244,10 +251,11 @@ def _extract(analysis: BlobAnalysis, query, root, source: bytes) -> None:
             out.append((start, end, source[start:end].decode("utf-8", "replace")))
         return out
 
+    roles = _ROLES
     for _, captures in QueryCursor(query).matches(root):
         names = None
         for capture, nodes in captures.items():
-            role, kind = _role(capture)
+            role, kind = roles[capture]
             if role is None:
                 continue
             node = nodes[0]
@@ -288,3 +296,4 @@ def _extract(analysis: BlobAnalysis, query, root, source: bytes) -> None:
 
 
 _ANCHOR_ORDER = operator.itemgetter(2, 3, 0)  # Anchor: start_byte, end_byte, kind
+_ROLES = _Roles()

@@ -230,6 +230,8 @@ _ASCII_WORD = re.compile(
     rb"'(?:[stdm]|re|ve|ll)| ?[A-Za-z]+| ?[0-9]+| ?[^" + _WS + rb"A-Za-z0-9\x80-\xff]+"
     rb"|[" + _WS + rb"]+(?![^" + _WS + rb"])|[" + _WS + rb"]+"
 )
+# The standard library has 95k distinct words; a cache this big takes about 100 MB.
+MAX_CACHED_WORDS = 1_000_000
 _NEWLINE_RUN = re.compile(rb"[" + _WS + rb"]*\n")
 
 
@@ -379,6 +381,9 @@ class _ByteLevelWords:
         map its bytes to the byte-level alphabet; doing that here and calling the model
         directly halves the cost. A token's offset is the number of bytes before it.
         """
+        if len(self._counts) > MAX_CACHED_WORDS:  # a long-lived process indexing much code
+            self._counts.clear()
+            self._inner.clear()
         tokenize = self.tokenizer.model.tokenize
         for word in words:
             tokens = tokenize(word.decode("latin-1").translate(_BYTE_LEVEL))
