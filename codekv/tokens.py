@@ -302,6 +302,9 @@ class _ByteLevelWords:
                 source.decode("utf-8")
             except UnicodeDecodeError:
                 return None
+        if len(self._counts) > MAX_CACHED_WORDS:  # a long-lived process indexing much code
+            # New dicts, not cleared ones: tables already made keep looking words up.
+            self._counts, self._inner = {}, {}
         bounds: list[int] = []
         cum = [0]
         position = 0
@@ -381,9 +384,6 @@ class _ByteLevelWords:
         map its bytes to the byte-level alphabet; doing that here and calling the model
         directly halves the cost. A token's offset is the number of bytes before it.
         """
-        if len(self._counts) > MAX_CACHED_WORDS:  # a long-lived process indexing much code
-            self._counts.clear()
-            self._inner.clear()
         tokenize = self.tokenizer.model.tokenize
         for word in words:
             tokens = tokenize(word.decode("latin-1").translate(_BYTE_LEVEL))
