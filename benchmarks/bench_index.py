@@ -122,9 +122,9 @@ def main() -> None:
         files = list(repo.rglob("*.py"))
         source_mib = sum(p.stat().st_size for p in files) / (1 << 20)
         started = time.perf_counter()
-        spec = default_counter_spec()
+        spec = None if args.bytes else default_counter_spec()
         warmed = time.perf_counter() - started
-        if args.bytes:
+        if spec is None:
             note = "bytes (--bytes)"
         elif spec.kind == "tokenizer":
             note = (f"the default model's tokenizer; its conversion cache ({model_cache}) was "
