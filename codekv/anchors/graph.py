@@ -97,10 +97,16 @@ class FileSymbols:
     def of(cls, analysis) -> FileSymbols:
         if isinstance(analysis, FileSymbols):
             return analysis
+        from codekv.analysis import Reference
+
+        refs = analysis.references
+        if not all(type(r) is Reference for r in refs):
+            refs = [(r.name, r.kind, r.chunk_id, r.start_byte, r.end_byte) for r in refs]
+        # A Reference already is (name, kind, chunk id, start byte, end byte).
         return cls(
             analysis.language,
             [(d.name, d.chunk_id) for d in analysis.definitions],
-            [(r.name, r.kind, r.chunk_id, r.start_byte, r.end_byte) for r in analysis.references],
+            refs,
             list(analysis.imports),
             list(analysis.chunk_ids),
         )
@@ -152,9 +158,10 @@ def resolve_file(path, sym: FileSymbols, definitions, everywhere, modules) -> Re
     uses: list[tuple] = []
     ambiguous: list[tuple[str, str]] = []
     falls: set[str] = set()
+    local_get, imported_get = local.get, imported.get
     for index, (name, kind, chunk_id, start, end) in enumerate(sym.refs):
-        targets = _resolve(name, local, imported, None)
-        if targets is None:
+        targets = local_get(name) or imported_get(name)  # _resolve, inlined: 344k calls
+        if not targets:
             falls.add(name)
             targets = everywhere.get(name)
             if not targets:
