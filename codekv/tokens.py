@@ -115,9 +115,9 @@ class TokenCounter:
     def reset(self, source: bytes) -> None:
         self._source = source
         self._table = None
-        # A byte-level BPE token holds at least one byte, so a range of UTF-8 text never has
-        # more tokens than bytes. (Not so for bytes that are not UTF-8: each is replaced by
-        # U+FFFD before tokenizing, three bytes.)
+        # A byte-level BPE token holds at least one byte, so UTF-8 text between character
+        # boundaries (where syntax nodes and lines start and end) never has more tokens than
+        # bytes. Not so for bytes that are not UTF-8: each becomes U+FFFD, three bytes.
         self._at_most_bytes = self._tokenizer is None or _is_utf8(source)
 
     def fits(self, start: int, end: int, budget: int) -> bool:
