@@ -14,7 +14,9 @@ the names the repository-wide lookup decided, and the files whose definitions it
 
 Those files are resolved again with ``resolve_file``, the same code a full build runs, so an
 update gives exactly what a full build of the new snapshot would; when the set of paths
-changes (module resolution depends on it) or many files are touched, a full build runs.
+changes or many files are touched, a full build runs. This relies on ``ModuleResolver``
+answering from the set of paths alone: were it to read file contents, a changed file could
+move other files' imports, and updates would have to rebuild.
 
 ``graph_nodes`` counts distinct chunk ids and ``graph_edges`` distinct (source, target)
 pairs, as the networkx graph of ``build_graph`` would.
