@@ -144,3 +144,19 @@ def test_random_edits(git_repo, tmp_path):
         git_repo.write({path: rng.choice(variants[path]) for path in picked})
         assert graph_of(index) == fresh_graph(git_repo, tmp_path, run), picked
     index.close()
+
+
+def test_module_resolution_reads_paths_only():
+    """Updates keep other files' imports as they were: that holds while ModuleResolver
+    answers from the set of paths alone (it gets no file contents here)."""
+    from codekv.anchors.graph import ModuleResolver
+
+    paths = ["pkg/__init__.py", "pkg/core.py", "web/app.ts", "web/util.ts", "src/lib.rs",
+             "src/a.rs", "go/store/store.go", "inc/x.h", "inc/x.c", "java/a/b/C.java"]
+    modules = ModuleResolver(dict.fromkeys(paths))
+    assert modules.resolve("app.py", "python", "pkg.core") == ["pkg/core.py"]
+    assert modules.resolve("web/app.ts", "typescript", "./util") == ["web/util.ts"]
+    assert modules.resolve("src/lib.rs", "rust", "crate::a") == ["src/a.rs"]
+    assert modules.resolve("main.go", "go", "example.com/go/store") == ["go/store/store.go"]
+    assert modules.resolve("main.c", "c", '"inc/x.h"') == ["inc/x.h", "inc/x.c"]
+    assert modules.resolve("Main.java", "java", "a.b") == ["java/a/b/C.java"]
