@@ -171,9 +171,20 @@ def gc(repo, store, budget):
 
     Blobs chunked with another budget (or an older chunker) count as unreachable.
     """
+    from codekv.compose import default_kv_store
+    from codekv.paths import home
+
     with _opened_index(repo, store, budget=budget) as idx:
         removed = idx.gc()
-    console.print(f"removed {removed} unreachable blob entries")
+        live = {file.blob_hash for file in idx.files()}
+        root = idx.root
+
+    def keep(provenance: dict) -> bool:
+        # Chunk KV of this repository whose blob left the snapshot goes; all else stays.
+        return provenance.get("repository") != root or provenance.get("blob") in live
+
+    kv_removed = default_kv_store(store or home()).gc(keep)
+    console.print(f"removed {removed} unreachable blob entries and {kv_removed} chunk KV files")
 
 
 @contextmanager
@@ -189,7 +200,11 @@ def _composer(repo, store, model, experimental):
                 backend = load_backend(model)
         except ModelLoadError as error:
             raise click.ClickException(str(error)) from error
-        yield idx, Composer(backend, idx, experimental=experimental)
+        from codekv.compose import default_kv_store
+        from codekv.paths import home
+
+        store_root = store or home()
+        yield idx, Composer(backend, idx, default_kv_store(store_root), experimental=experimental)
 
 
 @main.command()

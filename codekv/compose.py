@@ -12,6 +12,7 @@ when every step succeeded. Cached entries are never mutated. The result says wha
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 from collections import OrderedDict
@@ -153,7 +154,7 @@ class Composer:
     ):
         self.backend = backend
         self.index = index
-        self.store = store or LocalKVStore(paths.home() / "kv")
+        self.store = store or default_kv_store()
         self.scope = scope or default_scope(index)
         self.gate = gate or SupportGate.load()
         self.experimental = experimental
@@ -408,6 +409,17 @@ class Composer:
             if use.start_byte == anchor.start_byte and use.end_byte == anchor.end_byte:
                 return use.target
         return None
+
+
+KV_MAX_BYTES_ENV = "CODEKV_KV_MAX_BYTES"
+DEFAULT_KV_MAX_BYTES = 20 << 30
+
+
+def default_kv_store(root: Path | None = None) -> LocalKVStore:
+    """The chunk KV store under ``root`` (default: the codekv home), LRU-bounded by
+    ``$CODEKV_KV_MAX_BYTES`` (default 20 GiB): fp32 KV of the default model is 45 KiB/token."""
+    limit = int(os.environ.get(KV_MAX_BYTES_ENV, DEFAULT_KV_MAX_BYTES))
+    return LocalKVStore((root or paths.home()) / "kv", max_bytes=limit)
 
 
 def default_scope(index) -> str:

@@ -1,0 +1,36 @@
+"""`codekv gc` retires chunk KV whose blob left the repository, and nothing else."""
+
+from click.testing import CliRunner
+
+import codekv.index
+from codekv.cli import main
+from codekv.compose import Composer, Passage, default_kv_store
+from codekv.gate import SupportGate
+from codekv.index import Index
+from codekv.tokens import CounterSpec
+
+
+def test_gc_drops_kv_of_replaced_blobs_only(tiny_backend, git_repo, tmp_path, monkeypatch):
+    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: CounterSpec("bytes"))
+    store = tmp_path / "store"
+    git_repo.commit(
+        {"a.py": "def alpha(x):\n    return x * 2\n", "b.py": "def beta():\n    return 1\n"}
+    )
+    index = Index(git_repo.root, store=store, counter=CounterSpec("bytes"))
+    index.update()
+    kv = default_kv_store(store)
+    composer = Composer(tiny_backend("llama"), index, kv, gate=SupportGate([], "test"),
+                        experimental=True)
+    assert composer.prefill(["a.py::alpha", "b.py::beta", Passage("some notes")]) == (3, 0)
+    index.close()
+    assert kv.stats().entries == 3
+
+    git_repo.commit({"a.py": "def alpha(x):\n    return x * 3\n"})
+    result = CliRunner().invoke(main, ["index", str(git_repo.root), "--store", str(store)])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["gc", str(git_repo.root), "--store", str(store)])
+    assert result.exit_code == 0, result.output
+    assert "1 chunk KV files" in result.output
+    # beta's KV and the passage stay; alpha's old blob is gone.
+    remaining = default_kv_store(store)
+    assert remaining.stats().entries == 2
