@@ -1,6 +1,6 @@
 """Selection strategies on hand-built contexts (no model needed)."""
 
-from codekv.selection import SelectionContext, Segment, TokenAnchor, strategy
+from codekv.selection import Segment, SelectionContext, TokenAnchor, strategy
 
 
 def _context(budget, anchors=()):

@@ -47,9 +47,6 @@ class DefUseGraph:
             return []
         return sorted(self.graph.predecessors(chunk_id))
 
-    def uses_in(self, chunk_id: str) -> list[Use]:
-        return [use for use in self.uses if use.source == chunk_id]
-
 
 def build_graph(files: dict) -> DefUseGraph:
     """Link references to definitions across the files of one snapshot.
