@@ -99,6 +99,7 @@ class Counters:
     composed: int = 0
     full_prefill: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
+    store_errors: dict[str, int] = field(default_factory=dict)  # chunk KV that could not be kept
 
 
 class ExactPrefixCache:
@@ -345,8 +346,15 @@ class Composer:
         provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
                           n_tokens=len(piece.ids), created=time.time(),
                           anchor_positions=[[a.kind, a.start, a.end] for a in piece.anchors])
-        self.store.put(key, KVEntry([k.contiguous() for k in kv.keys],
-                                    [v.contiguous() for v in kv.values], provenance))
+        entry = KVEntry([k.contiguous() for k in kv.keys], [v.contiguous() for v in kv.values],
+                        provenance)
+        try:
+            self.store.put(key, entry)
+        except OSError as error:
+            # A full or read-only disk costs the next request a recompute, not this one.
+            self.counters.store_errors[type(error).__name__] = (
+                self.counters.store_errors.get(type(error).__name__, 0) + 1
+            )
         return kv, False
 
     # -- request pieces ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`codekv gc` retires chunk KV whose blob left the repository, and nothing else."""
+"""The chunk KV store as the composer and `codekv gc` use it: retiring, failing writes."""
 
 from click.testing import CliRunner
 
@@ -34,3 +34,18 @@ def test_gc_drops_kv_of_replaced_blobs_only(tiny_backend, git_repo, tmp_path, mo
     # beta's KV and the passage stay; alpha's old blob is gone.
     remaining = default_kv_store(store)
     assert remaining.stats().entries == 2
+
+
+def test_a_failing_store_write_does_not_fail_the_request(tiny_backend, tmp_path, monkeypatch):
+    store = default_kv_store(tmp_path)
+
+    def disk_full(key, entry):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "put", disk_full)
+    composer = Composer(tiny_backend("llama"), store=store, gate=SupportGate([], "test"),
+                        experimental=True)
+    result = composer.compose([Passage("alpha beta"), Passage("gamma")], "delta?", strategy="all")
+    assert result.status == "composed"
+    assert result.report.chunk_misses == 2
+    assert composer.counters.store_errors == {"OSError": 2}
