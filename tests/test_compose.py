@@ -337,16 +337,17 @@ def selection_context(budget: int, prefix: int = 0) -> SelectionContext:
 
 
 def test_anchor_selection_order():
-    # Boundary tokens (half the budget), then the cross-chunk use (25), then calls (34, 35).
-    assert make_strategy("anchors").select(selection_context(6)) == [20, 21, 22, 25, 34, 35]
-    # After a prefix the first chunk follows context too: boundaries alternate between the
-    # chunks (5, 25, 6, 26, 7, 27), then the use (30), the definition it names (7, 8), calls.
+    # A quarter of the budget (1) for key anchors: the cross-chunk use (25); the definition
+    # it names sits in the exact first chunk. The rest: the second chunk's boundary.
+    assert make_strategy("anchors").select(selection_context(6)) == [20, 21, 22, 23, 24, 25]
+    # After a prefix the first chunk follows context too: key anchors (3) are the use (30) and
+    # the definition it names (7, 8); boundaries alternate between the chunks for the rest.
     chosen = make_strategy("anchors").select(selection_context(12, prefix=5))
-    assert chosen == [5, 6, 7, 8, 15, 16, 25, 26, 27, 30, 39, 40]
-    # Query-named anchors come before everything but the boundaries.
+    assert chosen == [5, 6, 7, 8, 9, 10, 25, 26, 27, 28, 29, 30]
+    # Query-named anchors come first among the key anchors.
     context = selection_context(8, prefix=5)
     context.query_names = frozenset({"h"})
-    assert make_strategy("anchors").select(context) == [5, 6, 7, 25, 26, 30, 39, 40]
+    assert make_strategy("anchors").select(context) == [5, 6, 7, 25, 26, 27, 39, 40]
 
 
 def test_selection_never_spends_budget_on_the_first_chunk_without_prefix():

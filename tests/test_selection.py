@@ -15,12 +15,14 @@ def test_anchors_spend_the_whole_budget_on_text_without_anchors():
     assert chosen == sorted(list(range(40, 55)) + list(range(80, 95)))
 
 
-def test_anchors_take_boundaries_then_anchor_tokens():
+def test_anchors_take_key_anchors_then_boundaries():
     call = TokenAnchor("call", "f", 30, 33)
-    chosen = strategy("anchors").select(_context(12, [call]))
-    assert len(chosen) == 12
-    assert {70, 71, 72} <= set(chosen)  # the call's tokens, at 40 + 30..33
-    assert {40, 41, 42, 80, 81, 82} <= set(chosen)  # boundaries of b and c
+    context = _context(12, [call])
+    # A call nobody asked about is not a key anchor: boundaries take the whole budget.
+    assert strategy("anchors").select(context) == list(range(40, 46)) + list(range(80, 86))
+    context.query_names = frozenset({"f"})
+    chosen = strategy("anchors").select(context)
+    assert chosen == [40, 41, 42, 43, 44, 70, 71, 72, 80, 81, 82, 83]
 
 
 def test_none_and_all():

@@ -1,4 +1,4 @@
-"""Code-anchor selection: boundaries, then cross-chunk def-use sites, then ranked anchors."""
+"""Code-anchor selection: key anchors (query-named, cross-chunk def-use sites) and boundaries."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from codekv.selection.deviation import top_deviation
 KIND_RANK = {"call": 0, "return": 1, "branch": 2, "assign": 3, "def": 4, "import": 5, "use": 6}
 
 
-def anchor_positions(context: SelectionContext) -> list[int]:
+def anchor_positions(context: SelectionContext, ranked_kinds: bool = True) -> list[int]:
     """Anchor token positions in priority order: anchors naming what the query mentions, then
     def-use sites linking chunks of this request (the use and the definition it resolves to),
-    then the other anchors by kind."""
+    then (with ``ranked_kinds``) the other anchors by kind."""
     present = context.request_chunks()
     used_names: dict[str, set[str]] = {}
     asked: list[int] = []
@@ -38,7 +38,9 @@ def anchor_positions(context: SelectionContext) -> list[int]:
             elif anchor.kind in KIND_RANK:
                 ranked.extend((KIND_RANK[anchor.kind], p, 0) for p in span)
     ranked.sort()
-    ordered = asked + cross + defs + [position for _, position, _ in ranked]
+    ordered = asked + cross + defs
+    if ranked_kinds:
+        ordered += [position for _, position, _ in ranked]
     # A chunk at position 0 has nothing before it: recomputing its tokens changes nothing.
     first = context.segments[0] if context.segments else None
     exact = first.end if first is not None and first.start == 0 else 0
@@ -47,17 +49,18 @@ def anchor_positions(context: SelectionContext) -> list[int]:
 
 @dataclass
 class AnchorSelection(Strategy):
-    """Boundary tokens, then the def-use sites present in this request, then ranked anchors;
-    budget the anchors leave (text passages have none) goes to longer boundaries."""
+    """Up to ``anchor_share`` of the budget for the key anchors (named in the query, or
+    def-use sites linking chunks of this request); the rest, and whatever those leave, for
+    chunk boundaries shared evenly: the evaluation found boundaries the strongest single rule."""
 
     name = "anchors"
-    boundary_per_chunk: int = 16
+    anchor_share: float = 0.25
 
     def select(self, context: SelectionContext) -> list[int]:
-        boundary = take(boundary_positions(context, self.boundary_per_chunk), context.budget // 2)
-        chosen = take(anchor_positions(context), context.budget, boundary)
+        key = take(anchor_positions(context, ranked_kinds=False),
+                   int(context.budget * self.anchor_share))
         longest = max((s.length for s in context.segments), default=0)
-        return sorted(take(boundary_positions(context, longest), context.budget, chosen))
+        return sorted(take(boundary_positions(context, longest), context.budget, key))
 
 
 @dataclass
