@@ -2,8 +2,10 @@
 
 One row per analysed blob (its definitions, references and imports packed as compressed
 JSON), one row per chunk (anchors as JSON), and the current snapshot of each repository
-(path -> blob). Every blob is written in its own transaction and the snapshot is replaced in
-one, so an index killed midway leaves a consistent database that the next run completes.
+(path -> blob), plus the def-use graph of that snapshot per path. Analysed blobs are written
+in batches, each batch one transaction holding whole blobs only; the snapshot and its graph
+are replaced in one transaction. An index killed midway leaves a consistent database that the
+next run completes.
 """
 
 from __future__ import annotations
