@@ -140,6 +140,8 @@ class Index:
         self._graph: DefUseGraph | None = None
         self._chunks: dict[str, Chunk] | None = None
         self._uses: dict[str, list[Use]] | None = None
+        self._files_by_path: dict[str, gitrepo.SourceFile] | None = None
+        self._reader: gitrepo.BlobReader | None = None
         self._fresh: dict[tuple[str, str], BlobInfo] = {}  # blobs analysed by this update
 
     # -- building ----------------------------------------------------------------------
@@ -172,6 +174,7 @@ class Index:
             self._graph = None
             self._chunks = None
             self._uses = None
+            self._files_by_path = None
             try:
                 stats = self._stats(indexed)
             finally:
@@ -316,9 +319,13 @@ class Index:
         return [c for c in chunks if c.qualname == qualname]
 
     def text(self, chunk: Chunk) -> bytes:
-        file = next(f for f in self.files() if f.path == chunk.path)
-        data = gitrepo.BlobReader(self.repo.path).read(file)
-        return chunk.text(data)
+        """The chunk's exact bytes; a composed request reads one per chunk, so the snapshot's
+        path map and the blob reader are kept until the next ``update``."""
+        if self._files_by_path is None:
+            self._files_by_path = {file.path: file for file in self.files()}
+        if self._reader is None:
+            self._reader = gitrepo.BlobReader(self.repo.path)
+        return chunk.text(self._reader.read(self._files_by_path[chunk.path]))
 
     @property
     def graph(self) -> DefUseGraph:
