@@ -180,9 +180,7 @@ class Composer:
         started = time.perf_counter()
         report = Report(strategy=strategy, ratio=ratio)
         selection = make_strategy(strategy)
-        prefix_ids = self.backend.tokenize(prefix) if prefix else []
-        pieces = self._pieces(chunks)
-        query_ids = self.backend.tokenize(query)
+        prefix_ids, pieces, query_ids = self._tokens(chunks, query, prefix)
         context_ids = prefix_ids + [t for piece in pieces for t in piece.ids]
         report.prefix_tokens = len(prefix_ids)
         report.context_tokens = len(context_ids)
@@ -226,9 +224,8 @@ class Composer:
     def full_prefill(self, chunks: list, query: str, prefix: str | None = None) -> ComposeResult:
         """The reference: full prefill of the same token sequence ``compose`` would build."""
         started = time.perf_counter()
-        prefix_ids = self.backend.tokenize(prefix) if prefix else []
-        ids = prefix_ids + [t for p in self._pieces(chunks) for t in p.ids]
-        query_ids = self.backend.tokenize(query)
+        prefix_ids, pieces, query_ids = self._tokens(chunks, query, prefix)
+        ids = prefix_ids + [t for p in pieces for t in p.ids]
         report = Report(
             status=FULL_PREFILL, strategy="full", total_tokens=len(ids) + len(query_ids),
             context_tokens=len(ids), query_tokens=len(query_ids), prefix_tokens=len(prefix_ids),
@@ -358,6 +355,12 @@ class Composer:
         return kv, False
 
     # -- request pieces ------------------------------------------------------------------
+    def _tokens(self, chunks: list, query: str, prefix: str | None):
+        """(prefix ids, chunk pieces, query ids): the one tokenization of a request, shared by
+        ``compose`` and ``full_prefill`` so both always see the same token sequence."""
+        prefix_ids = self.backend.tokenize(prefix) if prefix else []
+        return prefix_ids, self._pieces(chunks), self.backend.tokenize(query)
+
     def _pieces(self, chunks: list) -> list[_Piece]:
         return [self._piece(item) for item in chunks]
 
