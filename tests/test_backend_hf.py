@@ -14,6 +14,7 @@ from conftest import TINY_FAMILIES, tiny_model, tiny_tokenizer
 from transformers import DynamicCache
 
 from codekv.backends import ChunkKV
+from codekv.backends import hf
 from codekv.backends.hf import HFBackend, unsupported_reason
 
 FAMILIES = sorted(TINY_FAMILIES)
@@ -63,8 +64,15 @@ def keys_at(backend: HFBackend, ids: list[int], start: int) -> DynamicCache:
     return cache
 
 
+@pytest.fixture(params=[64, 3], ids=["one-block", "blocks-of-3"])
+def block_rows(request, monkeypatch):
+    """Row blocks of the ragged attention: one block for these short requests, or many."""
+    monkeypatch.setattr(hf, "RAGGED_BLOCK_ROWS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_recompute_all_equals_full_prefill(tiny_backend, family):
+def test_recompute_all_equals_full_prefill(tiny_backend, family, block_rows):
     backend = tiny_backend(family)
     assert backend.info.unsupported is None
     chunks = [token_ids(30, 1), token_ids(45, 2), token_ids(20, 3)]
@@ -125,7 +133,7 @@ def test_naive_concatenation_is_not_exact(tiny_backend):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_partial_recompute_over_exact_kv_is_exact(tiny_backend, family):
+def test_partial_recompute_over_exact_kv_is_exact(tiny_backend, family, block_rows):
     """Recomputing any subset over already-exact KV must give full prefill back.
 
     Checks the 4-D mask: each selected row sees exactly one copy of every earlier position
@@ -140,6 +148,22 @@ def test_partial_recompute_over_exact_kv_is_exact(tiny_backend, family):
     for selected in ([0], [3, 4, 17, 49], list(range(10, 30, 3)), [49], []):
         assert_same_state(backend.recompute(ids, context, selected, query), full)
     assert_same_state(backend.recompute(ids, context, [7, 20], []), exact)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi"])
+def test_ragged_blocks_match_one_dense_pass(tiny_backend, family, monkeypatch):
+    """Blocked attention skips only masked scores: any block size gives the dense result."""
+    backend = tiny_backend(family)
+    ids, context = composed_context(backend, [token_ids(30, 1), token_ids(25, 2),
+                                              token_ids(35, 3)])
+    query, selected = token_ids(6, 4), [0, 1, 30, 31, 32, 44, 55, 56, 70, 89]
+    monkeypatch.setattr(backend.model.config, "_attn_implementation", "eager")
+    dense = backend.recompute(ids, context, selected, query)  # eager: one pass, no blocks
+    monkeypatch.setattr(backend.model.config, "_attn_implementation", "sdpa")
+    for rows in (1, 4, 7, 1000):
+        monkeypatch.setattr(hf, "RAGGED_BLOCK_ROWS", rows)
+        assert_same_state(backend.recompute(ids, context, selected, query), dense)
+        assert backend.model.config._attn_implementation == "sdpa"  # restored
 
 
 def test_recompute_leaves_its_inputs_alone(tiny_backend):

@@ -1,21 +1,27 @@
 """The Hugging Face transformers backend (PyTorch, CPU or CUDA).
 
-Selective recompute runs in one forward pass: the cache holds every context token's reused,
-re-positioned KV; the input is the selected tokens plus the query at their true positions; a
-4-D mask lets each input row see the cached keys at earlier positions except the stale copies
-of selected tokens, plus the fresh keys at positions <= its own. Every layer thus recomputes the
-selected tokens from their recomputed previous-layer states (CacheBlend's partial recompute),
-and the fresh KV then replaces the stale slots in a new request state.
+Selective recompute runs in one forward pass over the selected tokens plus the query at their
+true positions. The request state is built in place: it starts as every context token's reused,
+re-positioned KV, and each layer's fresh KV of the selected tokens overwrites their stale
+copies (the query's fills the tail) before that layer attends. Each input row then sees
+exactly the positions up to its own, so every layer recomputes the selected tokens from their
+recomputed previous-layer states (CacheBlend's partial recompute), and no commit step remains.
+Attention runs in row blocks that skip the keys after a block's last position.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from codekv.backends import ChunkKV, ModelInfo, UnsupportedModel
 
@@ -209,38 +215,54 @@ class HFBackend:
             selected.append(n - 1)  # its output is the next-token prediction
         positions = selected + list(range(n, n + len(query_ids)))
         input_ids = [context_ids[p] for p in selected] + list(query_ids)
+        total = n + len(query_ids)
         pos = torch.tensor(positions, device=self.device)
-        stale = torch.zeros(n, dtype=torch.bool, device=self.device)
-        stale[torch.tensor(selected, dtype=torch.long, device=self.device)] = True
-        cached_visible = (torch.arange(n, device=self.device)[None, :] < pos[:, None]) & ~stale
-        fresh_visible = pos[None, :] <= pos[:, None]
-        visible = torch.cat((cached_visible, fresh_visible), dim=1)
+        # The request state is built in place: each layer's fresh KV of the selected tokens
+        # overwrites their reused copies and the query's fills the tail, so every row simply
+        # sees the positions up to its own (rows are in position order).
+        visible = torch.arange(total, device=self.device)[None, :] <= pos[:, None]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        # The cache only ever concatenates onto these: the cached tensors are never written.
         cache = DynamicCache(config=self.config)
-        for layer, (key, value) in enumerate(zip(context.keys, context.values)):
-            cache.update(key[None], value[None], layer)
-        out = self.model(
-            input_ids=torch.tensor([input_ids], device=self.device),
-            position_ids=pos[None],
-            attention_mask=mask[None, None],
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        # Commit: fresh KV replaces the stale slots; query KV follows the context.
-        keys, values = _unpack(cache)
-        index = torch.tensor(selected, dtype=torch.long, device=self.device)
-        k_sel = len(selected)
-        final = DynamicCache(config=self.config)
-        for layer, (key, value) in enumerate(zip(keys, values)):
-            merged_k = torch.cat((key[:, :, :n], key[:, :, n + k_sel :]), dim=2)
-            merged_v = torch.cat((value[:, :, :n], value[:, :, n + k_sel :]), dim=2)
-            merged_k[:, :, index] = key[:, :, n : n + k_sel]
-            merged_v[:, :, index] = value[:, :, n : n + k_sel]
-            final.update(merged_k, merged_v, layer)
-        return RequestState(final, list(context_ids) + list(query_ids), out.logits[0, -1].float())
+        cache.layers = [
+            _SlotLayer(_with_room(key, total), _with_room(value, total), pos)
+            for key, value in zip(context.keys, context.values)
+        ]
+        with self._ragged_attention(positions):
+            out = self.model(
+                input_ids=torch.tensor([input_ids], device=self.device),
+                position_ids=pos[None],
+                attention_mask=mask[None, None],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return RequestState(cache, list(context_ids) + list(query_ids), out.logits[0, -1].float())
+
+    @contextlib.contextmanager
+    def _ragged_attention(self, positions: list[int]):
+        """Attend block by block, each block of rows only to the keys up to its last position.
+
+        The selected rows spread over the whole context, so one dense pass would compute every
+        row against every key; most of those scores are masked. Blocks skip them: same result,
+        about half the attention work. Only for SDPA (the default); others run one dense pass.
+        """
+        config = self.model.config
+        inner = config._attn_implementation
+        if inner != "sdpa":
+            yield
+            return
+        blocks = [
+            (start, min(start + RAGGED_BLOCK_ROWS, len(positions)))
+            for start in range(0, len(positions), RAGGED_BLOCK_ROWS)
+        ]
+        token = _RAGGED_PLAN.set([(start, end, positions[end - 1] + 1) for start, end in blocks])
+        config._attn_implementation = RAGGED_ATTENTION
+        try:
+            yield
+        finally:
+            config._attn_implementation = inner
+            _RAGGED_PLAN.reset(token)
 
     @torch.inference_mode()
     def extend(self, state: RequestState, token_ids: list[int]) -> torch.Tensor:
@@ -288,6 +310,68 @@ class HFBackend:
             self.extend(state, [token])
         self.rewind(state, length, first)
         return out
+
+
+# Rows per attention block in selective recompute: smaller blocks skip more masked scores but
+# make more, smaller kernel calls.
+RAGGED_BLOCK_ROWS = 64
+RAGGED_ATTENTION = "codekv_ragged_sdpa"
+_RAGGED_PLAN: contextvars.ContextVar[list[tuple[int, int, int]] | None] = contextvars.ContextVar(
+    "codekv_ragged_plan", default=None
+)
+
+
+def _ragged_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA over row blocks ``(start, end, keys)``: rows ``start:end`` see the first ``keys``."""
+    plan = _RAGGED_PLAN.get()
+    if plan is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    # Grouped-query attention: the CPU kernels take the shared heads as they are; elsewhere a
+    # mask sends enable_gqa to the slow math kernel, so the heads are repeated once per layer.
+    gqa = query.shape[1] != key.shape[1]
+    if gqa and query.device.type != "cpu":
+        key, value = (repeat_kv(t, query.shape[1] // t.shape[1]) for t in (key, value))
+        gqa = False
+    outputs = [
+        F.scaled_dot_product_attention(
+            query[:, :, start:end], key[:, :, :keys], value[:, :, :keys],
+            attn_mask=attention_mask[:, :, start:end, :keys], dropout_p=dropout, scale=scaling,
+            enable_gqa=gqa,
+        )
+        for start, end, keys in plan
+    ]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(RAGGED_ATTENTION, _ragged_sdpa)
+
+
+class _SlotLayer(DynamicLayer):
+    """A cache layer holding the composed request whose next update writes the given positions
+    (recomputed tokens, then the query) in place instead of appending; later ones append."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.slots = keys, values, slots
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, cache_kwargs=None):
+        if self.slots is None:
+            return super().update(key_states, value_states, cache_kwargs)
+        self.keys.index_copy_(2, self.slots, key_states)
+        self.values.index_copy_(2, self.slots, value_states)
+        self.slots = None
+        return self.keys, self.values
+
+
+def _with_room(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """A new ``[1, heads, length, dim]`` tensor starting with ``tensor`` (the rest unset)."""
+    heads, n, dim = tensor.shape
+    out = tensor.new_empty((1, heads, length, dim))
+    out[0, :, :n] = tensor
+    return out
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
