@@ -345,7 +345,7 @@ def _checksum(meta: dict[str, str], tensors: dict[str, torch.Tensor], layers: in
     """sha256 over the metadata that matters and every tensor's name, dtype, shape and bytes."""
     digest = hashlib.sha256(b"codekv.kvstore.entry\0")
 
-    def field(data: bytes) -> None:
+    def field(data) -> None:
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
 
@@ -356,7 +356,7 @@ def _checksum(meta: dict[str, str], tensors: dict[str, torch.Tensor], layers: in
         field(name.encode())
         field(str(t.dtype).encode())
         field(json.dumps(list(t.shape)).encode())
-        field(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        field(t.contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place, no copy
     return digest.hexdigest()
 
 
