@@ -279,7 +279,11 @@ class HFBackend:
         return out.logits[0].float()
 
     def rewind(self, state: RequestState, length: int, logits: torch.Tensor) -> None:
-        state.cache.crop(length)
+        # Drop the appended entries: a pruned cache holds fewer entries than tokens (a different
+        # number per layer for PyramidKV), so cropping to ``length`` would keep them all.
+        appended = state.length - length
+        if appended > 0:
+            state.cache.crop(-appended)  # negative: per layer, that many from the end
         del state.token_ids[length:]
         state.logits = logits
 
