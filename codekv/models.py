@@ -8,6 +8,7 @@ a copy read by another transformers version once silently used the wrong RoPE ba
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -89,18 +90,18 @@ def _converted(gguf: Path, dtype: str) -> tuple[Path, str]:
     staging = target.with_name(target.name + f".partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     paths.private_dir(staging)
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # the GGUF de-quantiser's own progress bar
+    # The GGUF de-quantiser's own progress bar (tqdm reads TQDM_DISABLE only at import time).
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    progress_bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(progress_bar, disable=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=getattr(torch, dtype)
         )
     finally:
-        if previous is None:
-            os.environ.pop("TQDM_DISABLE")
-        else:
-            os.environ["TQDM_DISABLE"] = previous
+        gguf_utils.tqdm = progress_bar
     model.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging))
     (staging / "codekv.json").write_text(
