@@ -5,6 +5,7 @@ modified and untracked files, each with the blob hash git would give it.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -69,9 +70,12 @@ class Snapshot:
     skipped_paths: dict[str, str] = field(default_factory=dict)  # path -> reason
 
 
+# One compiled pattern: checked for every file of every update.
+_SECRET_NAME = re.compile("|".join(fnmatch.translate(pattern) for pattern in SECRET_PATTERNS))
+
+
 def is_secret(path: str) -> bool:
-    name = PurePosixPath(path).name
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in SECRET_PATTERNS)
+    return _SECRET_NAME.match(PurePosixPath(path).name) is not None
 
 
 def open_repository(path: str | Path) -> pygit2.Repository:
