@@ -1,0 +1,65 @@
+"""The kvboost adapter: the request state it builds must be the one kvboost's own generate uses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codekv.eval import peer
+
+pytestmark = pytest.mark.skipif(peer.available() is not None, reason=str(peer.available()))
+
+
+def token_ids(n: int, seed: int) -> list[int]:
+    return torch.randint(1, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture
+def runner(tiny_backend):
+    # A fresh model object: kvboost swaps the model's head while it runs.
+    backend = tiny_backend("llama", seed=3)
+    return peer.KVBoostRunner(backend)
+
+
+def kvboost_first_logits(runner, ids: list[int]) -> torch.Tensor:
+    """kvboost's own generate on exactly ``ids`` (its tokenizer call bypassed)."""
+    from kvboost import GenerationMode
+
+    engine = runner.engine
+    engine._encode = lambda text: list(ids)
+    try:
+        result = engine.generate("", max_new_tokens=1, mode=GenerationMode.CHUNK_KV_REUSE,
+                                 cacheable_prefix_len=0)
+    finally:
+        del engine._encode
+    return torch.as_tensor(result.first_token_logits).float()
+
+
+@pytest.mark.parametrize("variant", peer.VARIANTS)
+def test_state_matches_kvboost_generate(runner, variant):
+    pieces = [token_ids(140, 1), token_ids(60, 2), token_ids(150, 3)]
+    query = token_ids(9, 4)
+    result = runner.run(pieces, query, variant, ratio=0.15)
+    assert result.status == peer.PEER and result.state.length == 359
+    # generate() re-splits and re-assembles from the cache the run left warm.
+    with runner._splits(pieces, variant):
+        theirs = kvboost_first_logits(runner, [t for p in pieces for t in p] + query)
+    assert (result.state.logits - theirs).abs().max().item() <= 1e-4
+
+
+def test_nothing_reused_is_full_prefill(runner):
+    """Pieces shorter than kvboost's smallest chunk are never cached: a plain prefill."""
+    pieces, query = [token_ids(20, 5), token_ids(25, 6)], token_ids(5, 7)
+    result = runner.run(pieces, query, "kvboost", ratio=0.15)
+    full = runner.backend.full_prefill([t for p in pieces for t in p] + query)
+    assert result.report.reused_tokens == 0
+    assert (result.state.logits - full.logits).abs().max().item() <= 1e-4
+
+
+def test_passage_variant_reuses_every_piece(runner):
+    pieces, query = [token_ids(80, 8), token_ids(90, 9)], token_ids(6, 10)
+    result = runner.run(pieces, query, "kvboost-passage", ratio=0.15)
+    assert result.report.reused_tokens == 170
+    full = runner.backend.full_prefill([t for p in pieces for t in p] + query)
+    # The second piece was warmed at position 0: without re-positioning, reuse is not exact.
+    assert (result.state.logits - full.logits).abs().max().item() > 1e-3
