@@ -76,6 +76,28 @@ def working_sets(source, rng: random.Random, size: int, max_tokens: int) -> list
         yield chunks[:size]
 
 
+def agent_sessions(source, rng: random.Random, sessions: int = 3, tasks: int = 20,
+             per_task: tuple[int, int] = (3, 8), working_set: int = 24,
+             max_chunk_tokens: int = 512):
+    """Agent sessions: each a list of ``tasks`` requests, each the chunks it reads, in order."""
+    done = 0
+    for chunks in working_sets(source, rng, working_set, max_chunk_tokens):
+        if done >= sessions:
+            return
+        done += 1
+        weights = [1.0 / (rank + 1) for rank in range(len(chunks))]  # Zipf-like popularity
+        session = []
+        for _ in range(tasks):
+            k = min(len(chunks), rng.randint(*per_task))
+            picked: list = []
+            while len(picked) < k:
+                chunk = rng.choices(chunks, weights)[0]
+                if chunk not in picked:
+                    picked.append(chunk)
+            session.append(picked)
+        yield session
+
+
 def simulate(source, tokenize: Callable[[str], list], sessions: int = 3, tasks: int = 20,
              seed: int = 0, per_task: tuple[int, int] = (3, 8), working_set: int = 24,
              max_chunk_tokens: int = 512, recompute_ratio: float = 0.15) -> dict:
@@ -84,21 +106,15 @@ def simulate(source, tokenize: Callable[[str], list], sessions: int = 3, tasks: 
     system = ("system", tokenize(SYSTEM_PROMPT))
     total = prefix_reuse = composed_reuse = 0
     done = 0
-    sets = working_sets(source, rng, working_set, max_chunk_tokens)
-    for chunks in sets:
-        if done >= sessions:
-            break
+    tokens: dict = {}
+    for session in agent_sessions(source, rng, sessions, tasks, per_task, working_set,
+                                  max_chunk_tokens):
         done += 1
-        weights = [1.0 / (rank + 1) for rank in range(len(chunks))]  # Zipf-like popularity
         trie, seen = _PrefixTrie(), set()
-        tokens = {c.id: tokenize(f"# {c.path}\n{source.text(c)}\n\n") for c in chunks}
-        for _ in range(tasks):
-            k = min(len(chunks), rng.randint(*per_task))
-            picked: list = []
-            while len(picked) < k:
-                chunk = rng.choices(chunks, weights)[0]
-                if chunk not in picked:
-                    picked.append(chunk)
+        for picked in session:
+            for c in picked:
+                if c.id not in tokens:
+                    tokens[c.id] = tokenize(f"# {c.path}\n{source.text(c)}\n\n")
             segments = [system] + [(c.id, tokens[c.id]) for c in picked]
             total += sum(len(t) for _, t in segments)
             prefix_reuse += trie.longest(segments)
