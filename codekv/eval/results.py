@@ -10,7 +10,7 @@ ROW_KEYS = (
     "workload", "method", "strategy", "ratio", "tasks", "delta_nll", "abs_delta_nll",
     "delta_nll_se", "nll", "agreement", "greedy_match", "exact_match", "kl", "kl_answer",
     "ttft_s", "full_ttft_s", "speedup", "recompute_ratio", "context_tokens", "store_load_s",
-    "fallbacks",
+    "fallbacks", "kind", "budget", "kv_kept", "kv_bytes", "full_kv_bytes",
 )
 
 
@@ -19,6 +19,8 @@ def aggregate(measures) -> list[dict]:
 
     ``speedup`` is the median over tasks of full prefill's TTFT over the method's: a stall of
     the machine during one request (other processes on the cores) moves a mean, not a median.
+    ``kind`` says what a row is: "reference" (full prefill), "composition", or "pruning" (then
+    ``budget`` = ``ratio`` is the share of context KV kept, and ``kv_kept`` what was kept).
     """
     groups: dict[tuple[str, str], list] = {}
     for m in measures:
@@ -50,5 +52,10 @@ def aggregate(measures) -> list[dict]:
             "store_load_s": fmean(m.store_load_s for m in group),
             "fallbacks": sum(1 for m in group
                              if m.status == "full-prefill" and m.strategy != "full"),
+            "kind": group[0].kind,
+            "budget": group[0].budget,
+            "kv_kept": fmean(m.kv_kept for m in group),
+            "kv_bytes": fmean(m.kv_bytes for m in group),
+            "full_kv_bytes": fmean(m.full_kv_bytes for m in group),
         })
     return rows

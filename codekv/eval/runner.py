@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from codekv.compose import COMPOSED, Composer
+from codekv.eval import pruning
 from codekv.eval.workloads import Task
 
 STRATEGIES = ("none", "none-norope", "boundary", "deviation", "anchors", "hybrid")
@@ -36,9 +37,16 @@ class Method:
     ratio: float = 0.0
 
     @property
+    def pruning(self) -> bool:
+        """A KV pruning baseline: ``ratio`` is then the share of context KV kept."""
+        return self.strategy in pruning.RULES
+
+    @property
     def label(self) -> str:
         if self.strategy in (FULL, *RATIO_FREE):
             return self.strategy
+        if self.pruning:
+            return f"{self.strategy}@kv{self.ratio:g}"
         return f"{self.strategy}@{self.ratio:g}"
 
 
@@ -51,6 +59,11 @@ def methods(strategies=STRATEGIES, ratios=RATIOS) -> list[Method]:
         else:
             out.extend(Method(name, r) for r in ratios if r > 0)
     return out
+
+
+def pruning_methods(names=pruning.PRUNING, budgets=pruning.BUDGETS) -> list[Method]:
+    """Each pruning rule at each KV budget (the share of context KV kept)."""
+    return [Method(name, budget) for name in names for budget in budgets]
 
 
 @dataclass
@@ -79,9 +92,17 @@ class Measure:
     recompute_ratio: float
     store_load_s: float = 0.0
     fallback_reason: str | None = None
+    kind: str = "composition"  # "reference" (full prefill), "composition" or "pruning"
+    budget: float | None = None  # pruning: the share of context KV kept
+    kv_bytes: int = 0  # context KV the request state holds
+    full_kv_bytes: int = 0  # context KV full prefill holds
+
+    @property
+    def kv_kept(self) -> float:
+        return self.kv_bytes / self.full_kv_bytes if self.full_kv_bytes else 1.0
 
     def as_json(self) -> dict:
-        return dict(self.__dict__)
+        return dict(self.__dict__, kv_kept=self.kv_kept)
 
 
 @dataclass
@@ -122,7 +143,10 @@ def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 
 def run_task(composer: Composer, task: Task, method_list: list[Method],
-             greedy_tokens: int = 8, on_method: Callable[[], None] | None = None) -> list[Measure]:
+             greedy_tokens: int = 8, on_method: Callable[[], None] | None = None,
+             pruning_list: list[Method] = ()) -> list[Measure]:
+    """Full prefill, then every composition method, then every pruning method (kvpress, one
+    shared context prefill) on the same tokens, each scored the same way."""
     backend = composer.backend
     composer.prefill(task.context)  # cache-warm: every composed TTFT includes the store read
     full = composer.full_prefill(task.context, task.query)
@@ -132,17 +156,39 @@ def run_task(composer: Composer, task: Task, method_list: list[Method],
     ref = _Reference(answer_ids, logp, greedy(backend, full.state, greedy_tokens),
                      float(-logp[torch.arange(len(answer_ids)), targets].mean()),
                      full.report.ttft_s)
+    context_bytes = _context_kv_bytes(full.state, full.report.context_tokens)
     measures = [_measure(task, FULL, Method(FULL, 1.0), full, ref, logp, None, len(answer_ids))]
-    for method in method_list:
-        result = composer.compose(task.context, task.query, strategy=method.strategy,
-                                  ratio=method.ratio)
+    measures[0].kind = "reference"
+
+    def scored(method, result):
         logp = forced_logprobs(backend, result.state, answer_ids)
         greedy_logp = forced_logprobs(backend, result.state, ref.greedy_ids)
         measures.append(_measure(task, method.label, method, result, ref, logp, greedy_logp,
                                  len(answer_ids)))
         if on_method is not None:
             on_method()
+        return measures[-1]
+
+    for method in method_list:
+        result = composer.compose(task.context, task.query, strategy=method.strategy,
+                                  ratio=method.ratio)
+        scored(method, result)
+    for measure in measures:
+        measure.kv_bytes = measure.full_kv_bytes = context_bytes
+    if pruning_list:
+        for method, result in pruning.run(composer, task.context, task.query, pruning_list):
+            measure = scored(method, result)
+            measure.kind, measure.budget = "pruning", method.ratio
+            measure.kv_bytes, measure.full_kv_bytes = result.kv_bytes, result.full_kv_bytes
+            del result
     return measures
+
+
+def _context_kv_bytes(state, context_tokens: int) -> int:
+    """The context's share of a full request state's KV."""
+    layers = state.cache.layers
+    total = sum(layer.keys.nbytes + layer.values.nbytes for layer in layers)
+    return total * context_tokens // max(1, layers[0].keys.shape[2])
 
 
 def _measure(task, label, method, result, ref: _Reference, logp, greedy_logp, n_answer) -> Measure:
@@ -176,22 +222,28 @@ def warm_up(backend) -> None:
 
 
 def run(composer: Composer, tasks: list[Task], method_list: list[Method], greedy_tokens: int = 8,
-        progress: Callable[[str, int], None] | None = None) -> list[Measure]:
-    """All tasks, every method; ``progress(description, advance)`` after each method."""
+        progress: Callable[[str, int], None] | None = None, pruning_list: list[Method] = (),
+        pruning_tasks: int | None = None) -> list[Measure]:
+    """All tasks, every method; the pruning methods on the first ``pruning_tasks`` tasks of
+    each workload (all when None); ``progress(description, advance)`` after each method."""
     warm_up(composer.backend)
     measures: list[Measure] = []
+    seen: dict[str, int] = {}
     for task in tasks:
         started = time.perf_counter()
+        seen[task.workload] = seen.get(task.workload, 0) + 1
+        prune = pruning_tasks is None or seen[task.workload] <= pruning_tasks
 
         def step(task=task):
             if progress is not None:
                 progress(task.id, 1)
 
-        measures.extend(run_task(composer, task, method_list, greedy_tokens, step))
+        measures.extend(run_task(composer, task, method_list, greedy_tokens, step,
+                                 pruning_list if prune else ()))
         if progress is not None:
             progress(f"{task.id} done in {time.perf_counter() - started:.1f}s", 0)
     return measures
 
 
 def composed_only(measures: list[Measure]) -> bool:
-    return all(m.status == COMPOSED for m in measures if m.strategy != FULL)
+    return all(m.status == COMPOSED for m in measures if m.kind == "composition")
