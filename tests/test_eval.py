@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 
+import click
 import pytest
 from click.testing import CliRunner
 
 import codekv.index
 import codekv.tokens
 from codekv.compose import Composer, Passage
-from codekv.eval import command, reuse, runner, workloads
+from codekv.eval import command, markdown, pruning, reuse, runner, workloads
 from codekv.eval.results import ROW_KEYS, aggregate
 from codekv.eval.runner import Measure, Method
 from codekv.eval.support import (
@@ -260,6 +261,30 @@ def test_methods_use_ratios_only_where_they_mean_something():
     assert labels == ["none", "boundary@0.1", "boundary@0.25", "hybrid@0.1", "hybrid@0.25"]
     assert command.WORKLOAD_NAMES == workloads.WORKLOADS
     assert command.STRATEGY_NAMES == runner.STRATEGIES
+    assert command.PRUNING_NAMES == pruning.PRUNING
+    pruned = runner.pruning_methods(("snapkv", "h2o"), (0.25, 0.5))
+    assert [m.label for m in pruned] == ["snapkv@kv0.25", "snapkv@kv0.5", "h2o@kv0.25",
+                                         "h2o@kv0.5"]
+
+
+def test_the_command_reproduces_the_pruning_choice():
+    from codekv.eval.harness import EvalConfig
+
+    default = command.canonical_command(EvalConfig())
+    assert ("--pruning snapkv,streamingllm,h2o,pyramidkv,anchor-preserving --budgets 0.25,0.5 "
+            "--pruning-tasks 4 ") in default
+    without = command.canonical_command(EvalConfig(pruning=()))
+    assert "--pruning none --min-tasks" in without and "--budgets" not in without
+    assert command._pruning("none") == () and command._pruning("h2o,snapkv") == ("h2o", "snapkv")
+    with pytest.raises(click.BadParameter, match="unknown pruning methods"):
+        command._pruning("snapkv,tova")
+    with pytest.raises(click.BadParameter, match="must keep something"):
+        command._budgets("0,0.5")
+
+
+def test_without_kvpress_pruning_is_skipped_with_a_note(tiny_backend, monkeypatch):
+    monkeypatch.setattr(pruning, "load", lambda: None)
+    assert "kvpress is not installed" in pruning.unavailable(tiny_backend("llama"))
 
 
 def test_recomputing_everything_measures_as_full_prefill(tiny_backend, tmp_path):
@@ -306,22 +331,39 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     import codekv.models
 
     monkeypatch.setattr(codekv.models, "load_backend", lambda model=None: default_backend)
-    out, gate = tmp_path / "eval.json", tmp_path / "support.json"
+    out, gate, plots = tmp_path / "eval.json", tmp_path / "support.json", tmp_path / "plots"
     result = CliRunner().invoke(command.eval_command, [
         "--quick", "--workload", "tool-docs", "--tasks", "1", "--strategies", "none,hybrid",
-        "--json", str(out), "--write-gate", str(gate),
+        "--pruning", "snapkv,pyramidkv,anchor-preserving", "--json", str(out),
+        "--write-gate", str(gate), "--plots", str(plots),
     ])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert [r["method"] for r in data["results"]] == ["full", "none", "hybrid@0.15"]
+    # anchor-preserving needs code anchors: tool docs have none, so it did not run.
+    assert [r["method"] for r in data["results"]] == [
+        "full", "none", "hybrid@0.15", "snapkv@kv0.5", "pyramidkv@kv0.5"]
     assert all(tuple(r) == ROW_KEYS for r in data["results"])
-    full, none, hybrid = data["results"]
+    full, none, hybrid, snapkv, pyramid = data["results"]
     assert full["delta_nll"] == 0 and full["agreement"] == 1
     assert none["recompute_ratio"] == 0 and 0.1 <= hybrid["recompute_ratio"] <= 0.2
     assert all(r["ttft_s"] > 0 and r["context_tokens"] > 200 for r in data["results"])
+    assert [r["kind"] for r in data["results"]] == ["reference", "composition", "composition",
+                                                    "pruning", "pruning"]
+    for row in (snapkv, pyramid):
+        assert row["budget"] == row["ratio"] == 0.5 and row["tasks"] == 1
+        assert row["kv_kept"] == pytest.approx(0.5, abs=0.01)
+        assert row["kv_bytes"] == pytest.approx(row["full_kv_bytes"] * row["kv_kept"])
+        assert row["context_tokens"] == full["context_tokens"]
+    assert full["kv_bytes"] == full["full_kv_bytes"] == snapkv["full_kv_bytes"]
+    assert "KV pruning (kvpress)" in result.output
+    assert (plots / "pruning_vs_budget.png").stat().st_size > 0
+    assert "| snapkv | 50% |" in markdown.pruning_tables(data)
+    assert "snapkv" not in markdown.results_tables(data)
     assert data["command"].startswith("codekv eval --quick --workload tool-docs --tasks 1")
+    assert "--pruning snapkv,pyramidkv,anchor-preserving --budgets 0.5" in data["command"]
     support = json.loads(gate.read_text())
     [entry] = support["entries"]
     assert (entry["family"], entry["workload"]) == ("llama", "tool-docs")
     assert entry["passed"] is False and "only 1 tasks" in entry["reason"]  # not evidence
+    assert [c["method"] for c in entry["candidates"]] == ["none", "hybrid@0.15"]
     assert support["generated_by"] == data["command"]

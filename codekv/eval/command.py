@@ -12,6 +12,7 @@ from rich.console import Console
 # evaluation's own lists.
 WORKLOAD_NAMES = ("code-qa", "rag", "tool-docs")
 STRATEGY_NAMES = ("none", "none-norope", "boundary", "deviation", "anchors", "hybrid")
+PRUNING_NAMES = ("snapkv", "streamingllm", "h2o", "pyramidkv", "anchor-preserving")
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -26,15 +27,27 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
     return values
 
 
-def _names(text: str | None) -> tuple[str, ...] | None:
+def _names(text: str | None, choices=STRATEGY_NAMES, what="strategies") -> tuple[str, ...] | None:
     if text is None:
         return None
     names = tuple(v.strip() for v in text.split(",") if v.strip())
-    unknown = [n for n in names if n not in STRATEGY_NAMES]
+    unknown = [n for n in names if n not in choices]
     if unknown or not names:
-        raise click.BadParameter(f"unknown strategies {unknown}; choose from "
-                                 + ", ".join(STRATEGY_NAMES))
+        raise click.BadParameter(f"unknown {what} {unknown}; choose from " + ", ".join(choices))
     return names
+
+
+def _pruning(text: str | None) -> tuple[str, ...] | None:
+    if text is not None and text.strip() == "none":
+        return ()
+    return _names(text, PRUNING_NAMES, "pruning methods")
+
+
+def _budgets(text: str | None) -> tuple[float, ...] | None:
+    values = _floats(text)
+    if values is not None and 0 in values:
+        raise click.BadParameter("a KV budget must keep something (0 < budget <= 1)")
+    return values
 
 
 def canonical_command(config) -> str:
@@ -51,7 +64,11 @@ def canonical_command(config) -> str:
               "--context-tokens", str(config.context_tokens),
               "--ratios", ",".join(f"{r:g}" for r in config.ratios),
               "--strategies", ",".join(config.strategies),
-              "--min-tasks", str(config.thresholds.min_tasks)]
+              "--pruning", ",".join(config.pruning) or "none"]
+    if config.pruning:
+        parts += ["--budgets", ",".join(f"{b:g}" for b in config.budgets),
+                  "--pruning-tasks", str(config.pruning_tasks)]
+    parts += ["--min-tasks", str(config.thresholds.min_tasks)]
     if config.model:
         parts += ["--model", str(config.model)]
     return " ".join(parts)
@@ -69,6 +86,14 @@ def canonical_command(config) -> str:
               help="Recompute ratios, comma-separated [0,0.05,0.1,0.15,0.25; --quick 0.15].")
 @click.option("--strategies", default=None,
               help="Strategies, comma-separated [" + ",".join(STRATEGY_NAMES) + "].")
+@click.option("--pruning", default=None,
+              help="KV pruning baselines (kvpress), comma-separated, or 'none' ["
+                   + ",".join(PRUNING_NAMES) + "].")
+@click.option("--budgets", default=None,
+              help="KV budgets for pruning: the share of context KV kept [0.25,0.5; --quick 0.5].")
+@click.option("--pruning-tasks", type=int, default=None,
+              help="Run pruning on the first N tasks of each workload (each costs a context "
+                   "prefill) [4; --quick 2].")
 @click.option("--context-tokens", type=int, default=None,
               help="Longest context; a task's is 1/2 to all of it [2048; --quick 512].")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
@@ -87,9 +112,11 @@ def canonical_command(config) -> str:
                    "estimate [20; --quick 8; 0 skips it].")
 @click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Chunk KV store to use (default: a temporary one, removed afterwards).")
-def eval_command(repo, workloads, tasks, seed, ratios, strategies, context_tokens, model, quick,
-                 json_path, write_gate, plots, min_tasks, reuse_tasks, store):
-    """Measure composition against full prefill on generated workloads; write the gate file."""
+def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budgets,
+                 pruning_tasks, context_tokens, model, quick, json_path, write_gate, plots,
+                 min_tasks, reuse_tasks, store):
+    """Measure composition (and KV pruning baselines) against full prefill on generated
+    workloads; write the gate file."""
     from codekv.eval import report
     from codekv.eval.harness import EvalConfig, evaluate
     from codekv.eval.support import Thresholds, support_document, write_json
@@ -97,6 +124,8 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, context_token
 
     options = dict(repo=repo, workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
                    ratios=_floats(ratios), strategies=_names(strategies),
+                   pruning=_pruning(pruning), budgets=_budgets(budgets),
+                   pruning_tasks=pruning_tasks,
                    context_tokens=context_tokens, model=model, reuse_tasks=reuse_tasks,
                    store=str(store) if store else None,
                    thresholds=Thresholds(min_tasks=min_tasks))

@@ -11,13 +11,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from codekv.eval import reuse, runner
+from codekv.eval.pruning import BUDGETS, PRUNING, RULES, unavailable
 from codekv.eval.results import aggregate
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import WORKLOADS, CodeSource, generate
 
-# --quick: few tasks, one ratio, short contexts - minutes on two cores.
+# --quick: few tasks, one ratio, one KV budget, short contexts - minutes on two cores.
 QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,
-         "reuse_tasks": 8}
+         "reuse_tasks": 8, "budgets": (0.5,), "pruning_tasks": 2}
+# Pruning baselines cost one context prefill per task (every rule and budget shares it), plus
+# a query forward and scoring per method: ~8 s a task for all five rules at both budgets
+# (1,000-1,700-token contexts, two busy cores), ~5 min over the default's 36 tasks. The
+# default runs them on the first 4 tasks of each workload (~1.6 min), within the 30 minutes.
+PRUNING_TASKS = 4
 
 
 @dataclass
@@ -31,6 +37,9 @@ class EvalConfig:
     context_tokens: int = 2048  # the longest context; each task's is 1/2..1 of it
     max_query_tokens: int = 256
     greedy_tokens: int = 8
+    pruning: tuple[str, ...] = PRUNING  # KV pruning baselines (kvpress); () for none
+    budgets: tuple[float, ...] = BUDGETS  # share of context KV kept
+    pruning_tasks: int = PRUNING_TASKS  # per workload: the first ones
     reuse_tasks: int = 20
     model: str | None = None
     store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
@@ -48,6 +57,7 @@ class EvalConfig:
         data = asdict(self)
         data["workloads"], data["strategies"] = list(self.workloads), list(self.strategies)
         data["ratios"] = list(self.ratios)
+        data["pruning"], data["budgets"] = list(self.pruning), list(self.budgets)
         return data
 
 
@@ -121,6 +131,20 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
             notes.append(f"{workload}: only {len(made)} of {config.tasks} tasks could be made")
         tasks.extend(made)
     method_list = runner.methods(config.strategies, config.ratios)
+    pruning_list = runner.pruning_methods(config.pruning, config.budgets)
+    if pruning_list:
+        reason = unavailable(backend)
+        if reason:
+            notes.append(reason)
+            pruning_list = []
+    if pruning_list:
+        notes.append(_pruning_note(config, tasks))
+    pruned_requests = 0  # anchor-preserving runs on code only
+    for workload in config.workloads:
+        n = min(config.pruning_tasks, sum(t.workload == workload for t in tasks))
+        per_task = [m for m in pruning_list
+                    if workload == "code-qa" or not RULES[m.strategy].needs_anchors]
+        pruned_requests += n * len(per_task)
     loads = [load_start]
     temporary = None
     if config.store:
@@ -132,7 +156,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         store = LocalKVStore(store_dir)
         composer = Composer(backend, index, store=store, scope=f"eval:{config.seed}",
                             experimental=True)
-        total = len(tasks) * len(method_list)
+        total = len(tasks) * len(method_list) + pruned_requests
         if progress is not None:
             progress("Evaluating", 0, total)
 
@@ -141,7 +165,8 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
             if progress is not None:
                 progress(text, step, total)
 
-        measures = runner.run(composer, tasks, method_list, config.greedy_tokens, report)
+        measures = runner.run(composer, tasks, method_list, config.greedy_tokens, report,
+                              pruning_list, config.pruning_tasks)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -166,6 +191,18 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
                      f"{machine['cpus']} cores): timings and speedups are noisy")
     return EvalResult(config, model, rows, measures, tasks, entries, reuse_result, notes,
                       time.perf_counter() - started, machine)
+
+
+def _pruning_note(config: EvalConfig, tasks: list) -> str:
+    counts = {w: sum(t.workload == w for t in tasks) for w in config.workloads}
+    shares = ", ".join(f"{min(config.pruning_tasks, n)} of {n} {w}" for w, n in counts.items())
+    note = (f"KV pruning ({', '.join(config.pruning)} through kvpress, keeping "
+            f"{', '.join(f'{b:.0%}' for b in config.budgets)} of the context KV) ran on the "
+            f"first tasks of each workload ({shares}); its rows compare with full prefill on "
+            "those tasks")
+    if "anchor-preserving" in config.pruning:
+        note += "; anchor-preserving runs only on requests with code anchors (else it is snapkv)"
+    return note
 
 
 def _load() -> float:

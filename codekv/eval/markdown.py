@@ -13,6 +13,10 @@ def _row(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
+def _pruning(row: dict) -> bool:
+    return row.get("kind") == "pruning"
+
+
 def results_tables(data: dict) -> str:
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in data["results"]):
@@ -21,7 +25,7 @@ def results_tables(data: dict) -> str:
                            "KL", "TTFT s", "speedup"]))
         lines.append(_row(["---"] * 9))
         for r in data["results"]:
-            if r["workload"] != workload:
+            if r["workload"] != workload or _pruning(r):
                 continue
             lines.append(_row([
                 r["strategy"] if "strategy" in r and r["strategy"] else r["method"],
@@ -29,6 +33,26 @@ def results_tables(data: dict) -> str:
                 f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}", f"{r['kl']:.3f}",
                 f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
             ]))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def pruning_tables(data: dict) -> str:
+    """KV pruning baselines (kvpress) at equal KV budgets, per workload; empty without any."""
+    rows = [r for r in data["results"] if _pruning(r)]
+    lines = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        lines += [f"### {workload}: KV pruning at equal budgets", ""]
+        lines.append(_row(["method", "KV budget", "KV kept", "tasks", "ΔNLL", "agreement",
+                           "exact match", "KL", "TTFT s", "speedup"]))
+        lines.append(_row(["---"] * 10))
+        for r in rows:
+            if r["workload"] == workload:
+                lines.append(_row([
+                    r["strategy"], f"{r['budget']:.0%}", f"{r['kv_kept']:.1%}", r["tasks"],
+                    f"{r['delta_nll']:+.3f}", f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}",
+                    f"{r['kl']:.3f}", f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
+                ]))
         lines.append("")
     return "\n".join(lines)
 
@@ -54,6 +78,9 @@ def main(argv: list[str]) -> int:
     print(gate_table(data))
     print()
     print(results_tables(data))
+    pruning = pruning_tables(data)
+    if pruning:
+        print(pruning)
     reuse = data.get("reuse")
     if reuse:
         print(f"Reuse on simulated agent sessions ({reuse['sessions']} sessions x "

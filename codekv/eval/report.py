@@ -12,18 +12,43 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def is_pruning(row: dict) -> bool:
+    return row.get("kind") == "pruning"
+
+
 def results_table(rows: list[dict], title: str = "codekv eval") -> Table:
     table = Table(title=title)
     for name in ("workload", "method", "tasks", "dNLL", "|dNLL|", "agree", "greedy=", "EM",
                  "KL", "TTFT s", "speedup", "recomp"):
         table.add_column(name, justify="left" if name in ("workload", "method") else "right")
     for r in rows:
+        if is_pruning(r):
+            continue
         table.add_row(
             r["workload"], r["method"], str(r["tasks"]), _num(r["delta_nll"], "+.3f"),
             _num(r["abs_delta_nll"], ".3f"), _num(r["agreement"], ".1%"),
             _num(r["greedy_match"], ".0%"), _num(r["exact_match"], ".0%"), _num(r["kl"], ".3f"),
             _num(r["ttft_s"], ".2f"), _num(r["speedup"], ".1f") + "x",
             _num(r["recompute_ratio"], ".0%"),
+        )
+    return table
+
+
+def pruning_table(rows: list[dict]) -> Table:
+    """KV pruning baselines at equal budgets: quality for the share of context KV kept."""
+    table = Table(title="KV pruning (kvpress) at equal KV budgets, against full prefill")
+    for name in ("workload", "method", "budget", "KV kept", "tasks", "dNLL", "|dNLL|", "agree",
+                 "greedy=", "EM", "KL", "TTFT s", "speedup", "KV MiB"):
+        table.add_column(name, justify="left" if name in ("workload", "method") else "right")
+    for r in rows:
+        if not is_pruning(r):
+            continue
+        table.add_row(
+            r["workload"], r["strategy"], _num(r["budget"], ".0%"), _num(r["kv_kept"], ".1%"),
+            str(r["tasks"]), _num(r["delta_nll"], "+.3f"), _num(r["abs_delta_nll"], ".3f"),
+            _num(r["agreement"], ".1%"), _num(r["greedy_match"], ".0%"),
+            _num(r["exact_match"], ".0%"), _num(r["kl"], ".3f"), _num(r["ttft_s"], ".2f"),
+            _num(r["speedup"], ".1f") + "x", _num(r["kv_bytes"] / 2**20, ".1f"),
         )
     return table
 
@@ -41,6 +66,8 @@ def gate_table(entries: list[dict]) -> Table:
 def print_report(console: Console, rows: list[dict], entries: list[dict] | None,
                  reuse: dict | None, notes: list[str]) -> None:
     console.print(results_table(rows))
+    if any(is_pruning(r) for r in rows):
+        console.print(pruning_table(rows))
     if entries:
         console.print(gate_table(entries))
     if reuse:
@@ -56,8 +83,9 @@ def print_report(console: Console, rows: list[dict], entries: list[dict] | None,
 
 
 def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[Path] | str:
-    """Quality vs recompute ratio per strategy, and TTFT vs context length; returns the files,
-    or why there are none (matplotlib is an optional extra)."""
+    """Quality vs recompute ratio per strategy, TTFT vs context length, and (when pruning ran)
+    quality vs KV budget per pruning rule; returns the files, or why there are none
+    (matplotlib is an optional extra)."""
     try:
         import matplotlib
 
@@ -67,6 +95,9 @@ def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[
         return "matplotlib is not installed (pip install 'codekv[eval]'): no plots"
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    pruned = [r for r in rows if is_pruning(r)]
+    rows = [r for r in rows if not is_pruning(r)]
+    measures = [m for m in measures if m.get("kind") != "pruning"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     files = []
 
@@ -111,4 +142,34 @@ def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[
     files.append(directory / "ttft_vs_context.png")
     fig.savefig(files[-1], dpi=100)
     plt.close(fig)
+    if pruned:
+        files.append(_plot_pruning(plt, pruned, directory / "pruning_vs_budget.png"))
     return files
+
+
+def _plot_pruning(plt, rows: list[dict], path: Path) -> Path:
+    """Per workload: |delta NLL| and greedy agreement against the share of context KV kept."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7), squeeze=False)
+    for column, workload in enumerate(workloads):
+        mine = [r for r in rows if r["workload"] == workload]
+        for strategy in dict.fromkeys(r["strategy"] for r in mine):
+            points = sorted((r["budget"], r["abs_delta_nll"], r["agreement"])
+                            for r in mine if r["strategy"] == strategy)
+            x = [p[0] for p in points]
+            style = "s-" if strategy == "anchor-preserving" else "o-"
+            axes[0][column].plot(x, [p[1] for p in points], style, label=strategy)
+            axes[1][column].plot(x, [p[2] for p in points], style, label=strategy)
+        for row in (0, 1):  # budgets are shares: show all of 0..1, and full prefill's level
+            axes[row][column].set_xlim(0, 1.05)
+            axes[row][column].axhline(row, linestyle="--", color="grey", label="full")
+        axes[0][column].set_ylim(bottom=0)
+        axes[0][column].set_title(f"{workload} ({mine[0]['tasks']} tasks)")
+        axes[0][column].set_ylabel("mean |delta NLL| (nats/token)")
+        axes[1][column].set_ylabel("greedy agreement")
+        axes[1][column].set_xlabel("share of context KV kept")
+        axes[0][column].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
