@@ -13,8 +13,7 @@ import torch
 from conftest import TINY_FAMILIES, tiny_model, tiny_tokenizer
 from transformers import DynamicCache
 
-from codekv.backends import ChunkKV
-from codekv.backends import hf
+from codekv.backends import ChunkKV, hf
 from codekv.backends.hf import HFBackend, unsupported_reason
 
 FAMILIES = sorted(TINY_FAMILIES)
