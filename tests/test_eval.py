@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import codekv.index
 import codekv.tokens
 from codekv.compose import Composer, Passage
-from codekv.eval import command, markdown, pruning, reuse, runner, workloads
+from codekv.eval import command, markdown, peer, pruning, reuse, runner, workloads
 from codekv.eval.results import ROW_KEYS, aggregate
 from codekv.eval.runner import Measure, Method
 from codekv.eval.support import (
@@ -274,7 +274,7 @@ def test_the_command_reproduces_the_pruning_choice():
     assert ("--pruning snapkv,streamingllm,h2o,pyramidkv,anchor-preserving --budgets 0.25,0.5 "
             "--pruning-tasks 4 ") in default
     without = command.canonical_command(EvalConfig(pruning=()))
-    assert "--pruning none --min-tasks" in without and "--budgets" not in without
+    assert "--pruning none --peers" in without and "--budgets" not in without
     assert command._pruning("none") == () and command._pruning("h2o,snapkv") == ("h2o", "snapkv")
     with pytest.raises(click.BadParameter, match="unknown pruning methods"):
         command._pruning("snapkv,tova")
@@ -306,6 +306,33 @@ def test_recomputing_everything_measures_as_full_prefill(tiny_backend, tmp_path)
     assert full.context_tokens == everything.context_tokens == none.context_tokens
 
 
+@pytest.mark.skipif(peer.available() is not None, reason=str(peer.available()))
+def test_peer_methods_run_on_the_same_tokens(tiny_backend, tmp_path):
+    backend = tiny_backend("llama", seed=5, max_position_embeddings=1024)
+    composer = Composer(backend, None, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+    context = [Passage("def area(w, h):\n    return w * h\n" * 6, "a"),
+               Passage("the quick brown fox jumps over the lazy dog\n" * 6, "b")]
+    task = workloads.Task("rag", "t0", "quote", context, "def push(", "self, item)", "b")
+    runner_ = peer.KVBoostRunner(backend)
+    full, passage = runner.run_task(composer, task, [], peer_list=[
+        Method("kvboost-passage", 0.15)], peer_runner=runner_)
+    assert (passage.kind, passage.status, passage.method) == ("peer", "peer",
+                                                              "kvboost-passage@0.15")
+    assert passage.context_tokens == full.context_tokens
+    assert passage.recompute_ratio == 0  # every piece reused (then repaired by its CacheBlend)
+    assert passage.kl > 1e-4  # no re-positioning: not full prefill
+
+
+def test_the_command_reproduces_peers_and_throughput():
+    from codekv.eval.harness import EvalConfig
+
+    default = command.canonical_command(EvalConfig())
+    assert "--peers kvboost,kvboost-passage --peer-tasks 4 --throughput-tasks 12 " in default
+    without = command.canonical_command(EvalConfig(peers=(), throughput_tasks=0))
+    assert "--peers none --throughput-tasks 0 " in without and "--peer-tasks" not in without
+    assert command._peers("none") == () and command.PEER_NAMES == peer.VARIANTS
+
+
 def _measure(method, delta, ttft, workload="rag", task="t", status="composed"):
     strategy, _, ratio = method.partition("@")
     return Measure(workload, task, method, strategy, float(ratio or 0), status, 1.0 + delta,
@@ -334,21 +361,26 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     out, gate, plots = tmp_path / "eval.json", tmp_path / "support.json", tmp_path / "plots"
     result = CliRunner().invoke(command.eval_command, [
         "--quick", "--workload", "tool-docs", "--tasks", "1", "--strategies", "none,hybrid",
-        "--pruning", "snapkv,pyramidkv,anchor-preserving", "--json", str(out),
+        "--pruning", "snapkv,pyramidkv,anchor-preserving", "--peers", "kvboost-passage",
+        "--json", str(out),
         "--write-gate", str(gate), "--plots", str(plots),
     ])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     # anchor-preserving needs code anchors: tool docs have none, so it did not run.
     assert [r["method"] for r in data["results"]] == [
-        "full", "none", "hybrid@0.15", "snapkv@kv0.5", "pyramidkv@kv0.5"]
+        "full", "none", "hybrid@0.15", "snapkv@kv0.5", "pyramidkv@kv0.5",
+        "kvboost-passage@0.15"]
     assert all(tuple(r) == ROW_KEYS for r in data["results"])
-    full, none, hybrid, snapkv, pyramid = data["results"]
+    full, none, hybrid, snapkv, pyramid, kvboost = data["results"]
+    assert kvboost["kind"] == "peer" and kvboost["context_tokens"] == full["context_tokens"]
+    assert "kvboost-passage@0.15" in markdown.peer_table(data)
+    assert "kvboost" not in markdown.results_tables(data)
     assert full["delta_nll"] == 0 and full["agreement"] == 1
     assert none["recompute_ratio"] == 0 and 0.1 <= hybrid["recompute_ratio"] <= 0.2
     assert all(r["ttft_s"] > 0 and r["context_tokens"] > 200 for r in data["results"])
     assert [r["kind"] for r in data["results"]] == ["reference", "composition", "composition",
-                                                    "pruning", "pruning"]
+                                                    "pruning", "pruning", "peer"]
     for row in (snapkv, pyramid):
         assert row["budget"] == row["ratio"] == 0.5 and row["tasks"] == 1
         assert row["kv_kept"] == pytest.approx(0.5, abs=0.01)

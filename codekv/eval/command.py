@@ -13,6 +13,7 @@ from rich.console import Console
 WORKLOAD_NAMES = ("code-qa", "rag", "tool-docs")
 STRATEGY_NAMES = ("none", "none-norope", "boundary", "deviation", "anchors", "hybrid")
 PRUNING_NAMES = ("snapkv", "streamingllm", "h2o", "pyramidkv", "anchor-preserving")
+PEER_NAMES = ("kvboost", "kvboost-passage")
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -43,6 +44,12 @@ def _pruning(text: str | None) -> tuple[str, ...] | None:
     return _names(text, PRUNING_NAMES, "pruning methods")
 
 
+def _peers(text: str | None) -> tuple[str, ...] | None:
+    if text is not None and text.strip() == "none":
+        return ()
+    return _names(text, PEER_NAMES, "peer methods")
+
+
 def _budgets(text: str | None) -> tuple[float, ...] | None:
     values = _floats(text)
     if values is not None and 0 in values:
@@ -68,6 +75,10 @@ def canonical_command(config) -> str:
     if config.pruning:
         parts += ["--budgets", ",".join(f"{b:g}" for b in config.budgets),
                   "--pruning-tasks", str(config.pruning_tasks)]
+    parts += ["--peers", ",".join(config.peers) or "none"]
+    if config.peers:
+        parts += ["--peer-tasks", str(config.peer_tasks)]
+    parts += ["--throughput-tasks", str(config.throughput_tasks)]
     parts += ["--min-tasks", str(config.thresholds.min_tasks)]
     if config.model:
         parts += ["--model", str(config.model)]
@@ -94,6 +105,14 @@ def canonical_command(config) -> str:
 @click.option("--pruning-tasks", type=int, default=None,
               help="Run pruning on the first N tasks of each workload (each costs a context "
                    "prefill) [4; --quick 2].")
+@click.option("--peers", default=None,
+              help="The peer library's variants (kvboost), comma-separated, or 'none' ["
+                   + ",".join(PEER_NAMES) + "].")
+@click.option("--peer-tasks", type=int, default=None,
+              help="Run the peer library on the first N tasks of each workload [4; --quick 1].")
+@click.option("--throughput-tasks", type=int, default=None,
+              help="Requests of the agent session served per method for throughput "
+                   "[12; --quick 3; 0 skips it].")
 @click.option("--context-tokens", type=int, default=None,
               help="Longest context; a task's is 1/2 to all of it [2048; --quick 512].")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
@@ -113,8 +132,8 @@ def canonical_command(config) -> str:
 @click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Chunk KV store to use (default: a temporary one, removed afterwards).")
 def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budgets,
-                 pruning_tasks, context_tokens, model, quick, json_path, write_gate, plots,
-                 min_tasks, reuse_tasks, store):
+                 pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens, model, quick,
+                 json_path, write_gate, plots, min_tasks, reuse_tasks, store):
     """Measure composition (and KV pruning baselines) against full prefill on generated
     workloads; write the gate file."""
     from codekv.eval import report
@@ -125,7 +144,8 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budg
     options = dict(repo=repo, workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
                    ratios=_floats(ratios), strategies=_names(strategies),
                    pruning=_pruning(pruning), budgets=_budgets(budgets),
-                   pruning_tasks=pruning_tasks,
+                   pruning_tasks=pruning_tasks, peers=_peers(peers), peer_tasks=peer_tasks,
+                   throughput_tasks=throughput_tasks,
                    context_tokens=context_tokens, model=model, reuse_tasks=reuse_tasks,
                    store=str(store) if store else None,
                    thresholds=Thresholds(min_tasks=min_tasks))
@@ -156,7 +176,8 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budg
                                      "machine": result.machine})
         write_json(write_gate, document)
         notes.append(f"support file written: {write_gate}")
-    report.print_report(console, result.rows, result.gate, result.reuse, notes)
+    report.print_report(console, result.rows, result.gate, result.reuse, notes,
+                        result.throughput)
     console.print(f"{len(result.tasks)} tasks in {result.seconds:.0f}s; reproduce with: {command}")
 
 

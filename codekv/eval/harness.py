@@ -18,12 +18,19 @@ from codekv.eval.workloads import WORKLOADS, CodeSource, generate
 
 # --quick: few tasks, one ratio, one KV budget, short contexts - minutes on two cores.
 QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,
-         "reuse_tasks": 8, "budgets": (0.5,), "pruning_tasks": 2}
+         "reuse_tasks": 8, "budgets": (0.5,), "pruning_tasks": 2, "peer_tasks": 1,
+         "throughput_tasks": 3}
 # Pruning baselines cost one context prefill per task (every rule and budget shares it), plus
 # a query forward and scoring per method: ~8 s a task for all five rules at both budgets
 # (1,000-1,700-token contexts, two busy cores), ~5 min over the default's 36 tasks. The
 # default runs them on the first 4 tasks of each workload (~1.6 min), within the 30 minutes.
 PRUNING_TASKS = 4
+# The peer library (kvboost) costs about two full prefills a task (its CacheBlend pass is a
+# forward over every cached token), plus warming: the same subset as pruning.
+PEERS = ("kvboost", "kvboost-passage")
+PEER_TASKS = 4
+# Throughput: one agent session served by each of these, from a cold chunk store.
+THROUGHPUT_METHODS = (("full", 1.0), ("none", 0.0), ("boundary", 0.15), ("anchors", 0.15))
 
 
 @dataclass
@@ -40,6 +47,10 @@ class EvalConfig:
     pruning: tuple[str, ...] = PRUNING  # KV pruning baselines (kvpress); () for none
     budgets: tuple[float, ...] = BUDGETS  # share of context KV kept
     pruning_tasks: int = PRUNING_TASKS  # per workload: the first ones
+    peers: tuple[str, ...] = PEERS  # the peer library's variants; () for none
+    peer_ratio: float = 0.15  # kvboost's recompute ratio (its default)
+    peer_tasks: int = PEER_TASKS  # per workload: the first ones
+    throughput_tasks: int = 12  # requests of the agent session; 0: not measured
     reuse_tasks: int = 20
     model: str | None = None
     store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
@@ -58,6 +69,7 @@ class EvalConfig:
         data["workloads"], data["strategies"] = list(self.workloads), list(self.strategies)
         data["ratios"] = list(self.ratios)
         data["pruning"], data["budgets"] = list(self.pruning), list(self.budgets)
+        data["peers"] = list(self.peers)
         return data
 
 
@@ -73,12 +85,14 @@ class EvalResult:
     notes: list[str]
     seconds: float
     machine: dict = field(default_factory=dict)
+    throughput: list[dict] = field(default_factory=list)
 
     def as_json(self) -> dict:
         return {
             "results": self.rows,
             "gate": self.gate,
             "reuse": self.reuse,
+            "throughput": self.throughput,
             "model": self.model,
             "config": self.config.as_json(),
             "notes": self.notes,
@@ -139,12 +153,29 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
             pruning_list = []
     if pruning_list:
         notes.append(_pruning_note(config, tasks))
+    peer_list = [runner.Method(name, config.peer_ratio) for name in config.peers]
+    if peer_list:
+        from codekv.eval import peer
+
+        reason = peer.available()
+        if reason:
+            notes.append(f"{reason}: the peer library was skipped")
+            peer_list = []
+        else:
+            notes.append(f"kvboost {peer.KVBOOST_VERSION} (peer reference, never a gate "
+                         f"candidate) ran on the first {config.peer_tasks} tasks of each "
+                         "workload")
     pruned_requests = 0  # anchor-preserving runs on code only
+
+    def n_tasks(workload: str) -> int:
+        return sum(t.workload == workload for t in tasks)
+
     for workload in config.workloads:
         n = min(config.pruning_tasks, sum(t.workload == workload for t in tasks))
         per_task = [m for m in pruning_list
                     if workload == "code-qa" or not RULES[m.strategy].needs_anchors]
         pruned_requests += n * len(per_task)
+        pruned_requests += min(config.peer_tasks, n_tasks(workload)) * len(peer_list)
     loads = [load_start]
     temporary = None
     if config.store:
@@ -166,7 +197,8 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
                 progress(text, step, total)
 
         measures = runner.run(composer, tasks, method_list, config.greedy_tokens, report,
-                              pruning_list, config.pruning_tasks)
+                              pruning_list, config.pruning_tasks, peer_list,
+                              config.peer_tasks)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -183,6 +215,18 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         ratio = next((e["ratio"] for e in entries if e["passed"]), 0.15)
         reuse_result = reuse.simulate(source, backend.tokenize, tasks=config.reuse_tasks,
                                       seed=config.seed, recompute_ratio=ratio)
+    throughput_rows: list[dict] = []
+    if index is not None and config.throughput_tasks:
+        from codekv.eval import throughput
+
+        source = CodeSource(index, count)
+        requests = throughput.session_requests(source, config.seed, config.throughput_tasks)
+        if requests:
+            say(f"Throughput: one agent session of {len(requests)} requests per method")
+            throughput_rows = throughput.measure(backend, index, requests, THROUGHPUT_METHODS,
+                                                 scope=f"eval:{config.seed}:throughput")
+        else:
+            notes.append("throughput: no file of the repository makes an agent session")
     if index is not None:
         index.close()
     machine = _machine(backend, loads)
@@ -190,7 +234,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         notes.append(f"the machine was busy (mean load average {machine['loadavg_mean']:.1f} on "
                      f"{machine['cpus']} cores): timings and speedups are noisy")
     return EvalResult(config, model, rows, measures, tasks, entries, reuse_result, notes,
-                      time.perf_counter() - started, machine)
+                      time.perf_counter() - started, machine, throughput_rows)
 
 
 def _pruning_note(config: EvalConfig, tasks: list) -> str:

@@ -17,6 +17,10 @@ def _pruning(row: dict) -> bool:
     return row.get("kind") == "pruning"
 
 
+def _peer(row: dict) -> bool:
+    return row.get("kind") == "peer"
+
+
 def results_tables(data: dict) -> str:
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in data["results"]):
@@ -25,7 +29,7 @@ def results_tables(data: dict) -> str:
                            "KL", "TTFT s", "speedup"]))
         lines.append(_row(["---"] * 9))
         for r in data["results"]:
-            if r["workload"] != workload or _pruning(r):
+            if r["workload"] != workload or _pruning(r) or _peer(r):
                 continue
             lines.append(_row([
                 r["strategy"] if "strategy" in r and r["strategy"] else r["method"],
@@ -57,6 +61,39 @@ def pruning_tables(data: dict) -> str:
     return "\n".join(lines)
 
 
+def peer_table(data: dict) -> str:
+    """The peer library (kvboost) on the same tokens; empty when it did not run."""
+    rows = [r for r in data["results"] if _peer(r)]
+    if not rows:
+        return ""
+    lines = [_row(["workload", "method", "tasks", "reused", "ΔNLL", "agreement", "exact match",
+                   "KL", "TTFT s", "speedup"]), _row(["---"] * 10)]
+    for r in rows:
+        lines.append(_row([
+            r["workload"], r["method"], r["tasks"], f"{1 - r['recompute_ratio']:.0%}",
+            f"{r['delta_nll']:+.3f}", f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}",
+            f"{r['kl']:.3f}", f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
+        ]))
+    return "\n".join(lines) + "\n"
+
+
+def throughput_table(data: dict) -> str:
+    """Requests per second over one agent session; empty when not measured."""
+    rows = data.get("throughput") or []
+    if not rows:
+        return ""
+    lines = [_row(["method", "requests", "tokens", "seconds", "requests/s", "vs full",
+                   "median TTFT s", "store MiB", "peak RSS MiB"]), _row(["---"] * 9)]
+    for r in rows:
+        lines.append(_row([
+            r["method"], r["requests"], r["tokens"], f"{r['seconds']:.1f}",
+            f"{r['requests_per_s']:.2f}", f"{r['speedup']:.2f}x", f"{r['median_ttft_s']:.2f}",
+            f"{r['store_bytes'] / 2**20:.0f}",
+            "-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}",
+        ]))
+    return "\n".join(lines) + "\n"
+
+
 def gate_table(data: dict) -> str:
     lines = [_row(["family", "workload", "verdict", "best / closest", "ΔNLL", "agreement",
                    "speedup"]), _row(["---"] * 7)]
@@ -81,6 +118,10 @@ def main(argv: list[str]) -> int:
     pruning = pruning_tables(data)
     if pruning:
         print(pruning)
+    for title, table in (("Peer library", peer_table(data)),
+                         ("Throughput", throughput_table(data))):
+        if table:
+            print(f"### {title}\n\n{table}")
     reuse = data.get("reuse")
     if reuse:
         print(f"Reuse on simulated agent sessions ({reuse['sessions']} sessions x "

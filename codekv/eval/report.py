@@ -16,6 +16,10 @@ def is_pruning(row: dict) -> bool:
     return row.get("kind") == "pruning"
 
 
+def is_peer(row: dict) -> bool:
+    return row.get("kind") == "peer"
+
+
 def results_table(rows: list[dict], title: str = "codekv eval") -> Table:
     table = Table(title=title)
     for name in ("workload", "method", "tasks", "dNLL", "|dNLL|", "agree", "greedy=", "EM",
@@ -53,6 +57,20 @@ def pruning_table(rows: list[dict]) -> Table:
     return table
 
 
+def throughput_table(rows: list[dict]) -> Table:
+    """One agent session served by each method from a cold chunk store."""
+    table = Table(title="throughput: one agent session, cold chunk store")
+    for name in ("method", "requests", "tokens", "seconds", "req/s", "vs full", "median TTFT s",
+                 "store MiB", "peak RSS MiB"):
+        table.add_column(name, justify="left" if name == "method" else "right")
+    for r in rows:
+        table.add_row(r["method"], str(r["requests"]), str(r["tokens"]), _num(r["seconds"], ".1f"),
+                      _num(r["requests_per_s"], ".2f"), _num(r["speedup"], ".2f") + "x",
+                      _num(r["median_ttft_s"], ".2f"), _num(r["store_bytes"] / 2**20, ".0f"),
+                      _num(r["peak_rss_mib"], ".0f"))
+    return table
+
+
 def gate_table(entries: list[dict]) -> Table:
     table = Table(title="support gate")
     for name in ("family", "workload", "verdict", "method", "reason"):
@@ -64,10 +82,12 @@ def gate_table(entries: list[dict]) -> Table:
 
 
 def print_report(console: Console, rows: list[dict], entries: list[dict] | None,
-                 reuse: dict | None, notes: list[str]) -> None:
+                 reuse: dict | None, notes: list[str], throughput: list[dict] = ()) -> None:
     console.print(results_table(rows))
     if any(is_pruning(r) for r in rows):
         console.print(pruning_table(rows))
+    if throughput:
+        console.print(throughput_table(throughput))
     if entries:
         console.print(gate_table(entries))
     if reuse:
@@ -96,8 +116,8 @@ def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     pruned = [r for r in rows if is_pruning(r)]
-    rows = [r for r in rows if not is_pruning(r)]
-    measures = [m for m in measures if m.get("kind") != "pruning"]
+    rows = [r for r in rows if not is_pruning(r) and not is_peer(r)]
+    measures = [m for m in measures if m.get("kind") not in ("pruning", "peer")]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     files = []
 

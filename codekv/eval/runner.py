@@ -92,7 +92,7 @@ class Measure:
     recompute_ratio: float
     store_load_s: float = 0.0
     fallback_reason: str | None = None
-    kind: str = "composition"  # "reference" (full prefill), "composition" or "pruning"
+    kind: str = "composition"  # "reference" (full prefill), "composition", "pruning", "peer"
     budget: float | None = None  # pruning: the share of context KV kept
     kv_bytes: int = 0  # context KV the request state holds
     full_kv_bytes: int = 0  # context KV full prefill holds
@@ -144,9 +144,11 @@ def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 def run_task(composer: Composer, task: Task, method_list: list[Method],
              greedy_tokens: int = 8, on_method: Callable[[], None] | None = None,
-             pruning_list: list[Method] = ()) -> list[Measure]:
+             pruning_list: list[Method] = (), peer_list: list[Method] = (),
+             peer_runner=None) -> list[Measure]:
     """Full prefill, then every composition method, then every pruning method (kvpress, one
-    shared context prefill) on the same tokens, each scored the same way."""
+    shared context prefill), then the peer library's methods, on the same tokens, each scored
+    the same way."""
     backend = composer.backend
     composer.prefill(task.context)  # cache-warm: every composed TTFT includes the store read
     full = composer.full_prefill(task.context, task.query)
@@ -181,6 +183,14 @@ def run_task(composer: Composer, task: Task, method_list: list[Method],
             measure.kind, measure.budget = "pruning", method.ratio
             measure.kv_bytes, measure.full_kv_bytes = result.kv_bytes, result.full_kv_bytes
             del result
+    if peer_list:
+        _, pieces, query_ids = composer._tokens(task.context, task.query, None)
+        for method in peer_list:
+            result = peer_runner.run([p.ids for p in pieces], query_ids, method.strategy,
+                                     method.ratio)
+            measure = scored(method, result)
+            measure.kind = "peer"
+            measure.kv_bytes = measure.full_kv_bytes = context_bytes
     return measures
 
 
@@ -223,23 +233,32 @@ def warm_up(backend) -> None:
 
 def run(composer: Composer, tasks: list[Task], method_list: list[Method], greedy_tokens: int = 8,
         progress: Callable[[str, int], None] | None = None, pruning_list: list[Method] = (),
-        pruning_tasks: int | None = None) -> list[Measure]:
+        pruning_tasks: int | None = None, peer_list: list[Method] = (),
+        peer_tasks: int | None = None) -> list[Measure]:
     """All tasks, every method; the pruning methods on the first ``pruning_tasks`` tasks of
-    each workload (all when None); ``progress(description, advance)`` after each method."""
+    each workload and the peer's on the first ``peer_tasks`` (all when None);
+    ``progress(description, advance)`` after each method."""
     warm_up(composer.backend)
+    peer_runner = None
+    if peer_list:
+        from codekv.eval.peer import KVBoostRunner
+
+        peer_runner = KVBoostRunner(composer.backend)
     measures: list[Measure] = []
     seen: dict[str, int] = {}
     for task in tasks:
         started = time.perf_counter()
         seen[task.workload] = seen.get(task.workload, 0) + 1
         prune = pruning_tasks is None or seen[task.workload] <= pruning_tasks
+        peer = peer_tasks is None or seen[task.workload] <= peer_tasks
 
         def step(task=task):
             if progress is not None:
                 progress(task.id, 1)
 
         measures.extend(run_task(composer, task, method_list, greedy_tokens, step,
-                                 pruning_list if prune else ()))
+                                 pruning_list if prune else (), peer_list if peer else (),
+                                 peer_runner))
         if progress is not None:
             progress(f"{task.id} done in {time.perf_counter() - started:.1f}s", 0)
     return measures
