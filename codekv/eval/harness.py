@@ -121,6 +121,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
     load_start = _load()
     say = status or (lambda text: None)
     notes: list[str] = []
+    own_backend = backend is None  # then throughput can load it again in child processes
     if backend is None:
         from codekv.models import load_backend
 
@@ -223,8 +224,13 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         requests = throughput.session_requests(source, config.seed, config.throughput_tasks)
         if requests:
             say(f"Throughput: one agent session of {len(requests)} requests per method")
-            throughput_rows = throughput.measure(backend, index, requests, THROUGHPUT_METHODS,
-                                                 scope=f"eval:{config.seed}:throughput")
+            scope = f"eval:{config.seed}:throughput"
+            if own_backend:
+                throughput_rows = throughput.measure_isolated(repo, config.model, requests,
+                                                              THROUGHPUT_METHODS, scope)
+            else:
+                throughput_rows = throughput.measure(backend, index, requests,
+                                                     THROUGHPUT_METHODS, scope)
         else:
             notes.append("throughput: no file of the repository makes an agent session")
     if index is not None:

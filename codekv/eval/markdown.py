@@ -83,13 +83,15 @@ def throughput_table(data: dict) -> str:
     if not rows:
         return ""
     lines = [_row(["method", "requests", "tokens", "seconds", "requests/s", "vs full",
-                   "median TTFT s", "store MiB", "peak RSS MiB"]), _row(["---"] * 9)]
+                   "median TTFT s", "store MiB", "peak RSS MiB (over model)"]),
+             _row(["---"] * 9)]
     for r in rows:
         lines.append(_row([
             r["method"], r["requests"], r["tokens"], f"{r['seconds']:.1f}",
             f"{r['requests_per_s']:.2f}", f"{r['speedup']:.2f}x", f"{r['median_ttft_s']:.2f}",
             f"{r['store_bytes'] / 2**20:.0f}",
-            "-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}",
+            "-" if r.get("peak_rss_mib") is None
+            else f"{r['peak_rss_mib']:.0f} ({r['peak_over_model_mib']:+.0f})",
         ]))
     return "\n".join(lines) + "\n"
 

@@ -61,13 +61,14 @@ def throughput_table(rows: list[dict]) -> Table:
     """One agent session served by each method from a cold chunk store."""
     table = Table(title="throughput: one agent session, cold chunk store")
     for name in ("method", "requests", "tokens", "seconds", "req/s", "vs full", "median TTFT s",
-                 "store MiB", "peak RSS MiB"):
+                 "store MiB", "peak RSS MiB", "over model"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for r in rows:
         table.add_row(r["method"], str(r["requests"]), str(r["tokens"]), _num(r["seconds"], ".1f"),
                       _num(r["requests_per_s"], ".2f"), _num(r["speedup"], ".2f") + "x",
                       _num(r["median_ttft_s"], ".2f"), _num(r["store_bytes"] / 2**20, ".0f"),
-                      _num(r["peak_rss_mib"], ".0f"))
+                      _num(r.get("peak_rss_mib"), ".0f"),
+                      _num(r.get("peak_over_model_mib"), "+.0f"))
     return table
 
 
