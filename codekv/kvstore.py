@@ -5,8 +5,11 @@ Its own namespace, shared with no exact-prefix cache. One safetensors file per e
     root/<sha256(scope)[:16]>/<digest[:2]>/<digest>.safetensors
 
 Keys and values are stored as ``k.<layer>`` / ``v.<layer>``; the safetensors metadata holds
-the format version, the full key fields, the provenance (JSON) and a sha256 over all of them
-plus every tensor's name, dtype, shape and bytes. ``get`` trusts nothing: a file whose key
+the format version, the full key fields, the provenance (JSON) and an xxh3-128 checksum over
+all of them plus every tensor's name, dtype, shape and bytes (the checksum catches damaged and
+truncated files; the store's privacy comes from its permissions, not from the hash; xxh3 reads
+a 4K-token request's 186 MB in 0.02 s where sha256 took 0.17 s of its time to first token).
+Entries are read through a memory map, without copying. ``get`` trusts nothing: a file whose key
 fields differ from the requested key (digest collision, renamed or copied file), whose checksum
 fails, or which does not parse is deleted, counted as corrupt, and reported as a miss, so the
 caller recomputes. Entries encode the user's code: directories are 0700 and files 0600.
@@ -34,12 +37,13 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
-from safetensors.torch import load as st_load
+import xxhash
+from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 from codekv.paths import private_dir
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: xxh3-128 checksum
 
 _SUFFIX = ".safetensors"
 _TMP_PREFIX = "."
@@ -48,7 +52,7 @@ _META_FORMAT = "codekv.format"
 _META_KEY = "codekv.key"
 _META_PROVENANCE = "codekv.provenance"
 _META_LAYERS = "codekv.layers"
-_META_SHA256 = "codekv.sha256"
+_META_CHECKSUM = "codekv.xxh3_128"
 _MAX_HEADER = 64 * 1024 * 1024  # a safetensors header larger than this is not one of ours
 
 
@@ -147,14 +151,11 @@ class LocalKVStore:
         """The entry for ``key`` or None; never raises on a missing or corrupt file."""
         path = self._path(key)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
-                st = os.fstat(f.fileno())
-        except OSError:
+            st = os.stat(path)
+            entry = _decode(path, key)
+        except OSError:  # missing, or removed by a concurrent gc since
             self._misses += 1
             return None
-        try:
-            entry = _decode(raw, key)
         except Exception:  # anything a damaged file can make the parser raise
             self._discard(path, st)
             self._corrupt += 1
@@ -342,8 +343,8 @@ def _scope_dir(scope: str) -> str:
 
 
 def _checksum(meta: dict[str, str], tensors: dict[str, torch.Tensor], layers: int) -> str:
-    """sha256 over the metadata that matters and every tensor's name, dtype, shape and bytes."""
-    digest = hashlib.sha256(b"codekv.kvstore.entry\0")
+    """xxh3-128 over the metadata that matters and every tensor's name, dtype, shape, bytes."""
+    digest = xxhash.xxh3_128(b"codekv.kvstore.entry\0")
 
     def field(data) -> None:
         digest.update(len(data).to_bytes(8, "little"))
@@ -390,7 +391,7 @@ def _encode(key: KVKey, entry: KVEntry) -> bytes:
         _META_PROVENANCE: json.dumps(entry.provenance, sort_keys=True),
         _META_LAYERS: str(layers),
     }
-    meta[_META_SHA256] = _checksum(meta, tensors, layers)
+    meta[_META_CHECKSUM] = _checksum(meta, tensors, layers)
     return st_save(tensors, metadata=meta)
 
 
@@ -407,21 +408,23 @@ def _parse_header(head: bytes) -> tuple[int, dict]:
     return n, header
 
 
-def _decode(raw: bytes, key: KVKey) -> KVEntry:
-    _, header = _parse_header(raw)
-    meta = header.get("__metadata__")
-    if not isinstance(meta, dict) or meta.get(_META_FORMAT) != FORMAT_VERSION:
-        raise _Corrupt("not a codekv entry of this format")
-    if json.loads(meta[_META_KEY]) != asdict(key):
-        raise _Corrupt("entry belongs to another key")
-    layers = int(meta[_META_LAYERS])
-    tensors = st_load(raw)
-    names = _tensor_names(layers)
-    if layers < 1 or set(tensors) != set(names):
-        raise _Corrupt("unexpected tensor names")
+def _decode(path: Path, key: KVKey) -> KVEntry:
+    """The entry in ``path``, memory-mapped (entries are replaced by rename, never rewritten in
+    place, so a mapping stays valid); raises on anything that is not ``key``'s valid entry."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        if not isinstance(meta, dict) or meta.get(_META_FORMAT) != FORMAT_VERSION:
+            raise _Corrupt("not a codekv entry of this format")
+        if json.loads(meta[_META_KEY]) != asdict(key):
+            raise _Corrupt("entry belongs to another key")
+        layers = int(meta[_META_LAYERS])
+        names = _tensor_names(layers)
+        if layers < 1 or set(f.keys()) != set(names):
+            raise _Corrupt("unexpected tensor names")
+        tensors = {name: f.get_tensor(name) for name in names}
     if any(t.dim() != 3 for t in tensors.values()):
         raise _Corrupt("tensor of wrong rank")
-    if _checksum(meta, tensors, layers) != meta[_META_SHA256]:
+    if _checksum(meta, tensors, layers) != meta[_META_CHECKSUM]:
         raise _Corrupt("checksum mismatch")
     provenance = json.loads(meta[_META_PROVENANCE])
     return KVEntry(
