@@ -142,7 +142,13 @@ class _Piece:
 
 
 class Composer:
-    """Composes requests for one backend; agents call ``compose`` once per task."""
+    """Composes requests for one backend; agents call ``compose`` once per task.
+
+    ``chunks_after_prefix``: with a request prefix (a system prompt), chunks are prefilled
+    right after it and stored per prefix, so no chunk's first token acts as the start of a
+    sequence; False stores one prefix-independent entry per chunk (more reuse across prompts,
+    lower quality).
+    """
 
     def __init__(
         self,
@@ -152,6 +158,7 @@ class Composer:
         scope: str | None = None,
         gate: SupportGate | None = None,
         experimental: bool = False,
+        chunks_after_prefix: bool = True,
     ):
         self.backend = backend
         self.index = index
@@ -159,6 +166,7 @@ class Composer:
         self.scope = scope or default_scope(index)
         self.gate = gate or SupportGate.load()
         self.experimental = experimental
+        self.chunks_after_prefix = chunks_after_prefix
         self.prefix_cache = ExactPrefixCache()
         self.counters = Counters()
 
@@ -234,15 +242,16 @@ class Composer:
         state = self.backend.full_prefill(ids + query_ids)
         return self._finish(state, report, started)
 
-    def prefill(self, chunks: list) -> tuple[int, int]:
-        """Fill the chunk store; returns (computed, already cached)."""
+    def prefill(self, chunks: list, prefix: str | None = None) -> tuple[int, int]:
+        """Fill the chunk store (for requests with ``prefix``); returns (computed, cached)."""
+        prefix_ids = self.backend.tokenize(prefix) if prefix and self.chunks_after_prefix else []
         computed = cached = 0
         for piece in self._pieces(chunks):
-            key = self._key(piece)
+            key = self._key(piece, prefix_ids)
             if self.store.contains(key):
                 cached += 1
                 continue
-            self._chunk_kv(piece, key)
+            self._chunk_kv(piece, key, prefix_ids)
             computed += 1
         return computed, cached
 
@@ -281,7 +290,8 @@ class Composer:
         t0 = time.perf_counter()
         cached = []
         for piece in pieces:
-            kv, hit = self._chunk_kv(piece, self._key(piece))
+            after = prefix_ids if self.chunks_after_prefix else []
+            kv, hit = self._chunk_kv(piece, self._key(piece, after), after)
             report.chunk_hits += hit
             report.chunk_misses += not hit
             cached.append(kv)
@@ -326,22 +336,28 @@ class Composer:
         report.timings = {k: round(v, 4) for k, v in report.timings.items()}
         return ComposeResult(report.status, report, state, self.backend)
 
-    def _key(self, piece: _Piece) -> KVKey:
+    def _key(self, piece: _Piece, prefix_ids: list[int]) -> KVKey:
+        """A chunk's KV depends on what it was prefilled after: nothing, or the request's
+        exact prefix (then its tokens never saw themselves start a sequence)."""
         info = self.backend.info
-        return KVKey(self.scope, info.fingerprint, info.tokenizer_fingerprint, piece.identity,
+        identity = piece.identity
+        if prefix_ids:
+            identity += "@after:" + token_hash(prefix_ids)
+        return KVKey(self.scope, info.fingerprint, info.tokenizer_fingerprint, identity,
                      token_hash(piece.ids))
 
-    def _chunk_kv(self, piece: _Piece, key: KVKey) -> tuple[ChunkKV, bool]:
+    def _chunk_kv(self, piece: _Piece, key: KVKey, prefix_ids: list[int]
+                  ) -> tuple[ChunkKV, bool]:
         entry = self.store.get(key)
         if entry is not None:
             # The store reads onto the CPU; the backend's model may live on an accelerator.
             device = getattr(self.backend, "device", None)
             keys = [k.to(device) for k in entry.keys] if device is not None else entry.keys
             values = [v.to(device) for v in entry.values] if device is not None else entry.values
-            return ChunkKV(keys, values, 0), True
-        kv = self.backend.prefill_chunk(piece.ids)
+            return ChunkKV(keys, values, len(prefix_ids)), True
+        kv = self.backend.prefill_chunk(piece.ids, prefix_ids)
         provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
-                          n_tokens=len(piece.ids), created=time.time(),
+                          n_tokens=len(piece.ids), start=kv.start, created=time.time(),
                           anchor_positions=[[a.kind, a.start, a.end] for a in piece.anchors])
         entry = KVEntry([k.contiguous() for k in kv.keys], [v.contiguous() for v in kv.values],
                         provenance)

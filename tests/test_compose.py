@@ -172,7 +172,7 @@ def test_a_changed_model_never_reuses_entries(tiny_backend, tmp_path, change):
     assert old.compose([A, B], QUERY, strategy="all").report.chunk_hits == 2  # control
     new = make_composer(tiny_backend("llama", **change), tmp_path)
     assert new.scope == old.scope and new.store.root == old.store.root
-    assert new._key(new._piece(A)) != old._key(old._piece(A))
+    assert new._key(new._piece(A), []) != old._key(old._piece(A), [])
     result = new.compose([A, B], QUERY, strategy="all")
     assert (result.report.chunk_hits, result.report.chunk_misses) == (0, 2)
     assert len(entry_files(tmp_path)) == 4  # new entries beside the old ones
@@ -276,9 +276,9 @@ def test_store_hits_land_on_the_model_device(tiny_backend, tmp_path, monkeypatch
     backend = tiny_backend("llama")
     composer = make_composer(backend, tmp_path)
     piece = composer._piece(A)
-    composer._chunk_kv(piece, composer._key(piece))
+    composer._chunk_kv(piece, composer._key(piece, []), [])
     monkeypatch.setattr(backend, "device", torch.device("meta"))
-    kv, hit = composer._chunk_kv(piece, composer._key(piece))
+    kv, hit = composer._chunk_kv(piece, composer._key(piece, []), [])
     assert hit and {t.device.type for t in (*kv.keys, *kv.values)} == {"meta"}
 
 
@@ -393,3 +393,25 @@ def test_code_chunks_from_an_index(tiny_backend, git_repo, tmp_path):
     anchored = composer.compose(chunks, "What does gamma return?", strategy="anchors", ratio=0.3)
     assert anchored.status == COMPOSED and anchored.report.chunk_hits == 2
     assert 0 < anchored.report.recomputed_tokens <= round(0.3 * anchored.report.context_tokens)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi"])
+def test_chunks_after_a_prefix_are_prefilled_after_it(tiny_backend, tmp_path, family):
+    """With a prefix, a chunk's KV is computed right after it: one chunk then needs no
+    recompute at all (it is exactly full prefill's), and each prefix has its own entries."""
+    composer = make_composer(tiny_backend(family), tmp_path)
+    for prefix in (PREFIX, "Another system prompt.\n"):
+        result = composer.compose([A], QUERY, prefix=prefix, strategy="none")
+        assert result.status == COMPOSED and result.report.recomputed_tokens == 0
+        assert_exact(result, composer.full_prefill([A], QUERY, prefix=prefix))
+    assert len(entry_files(tmp_path)) == 2  # A after each prefix; the prefixes' KV is not stored
+    composer.compose([A], QUERY, strategy="none")  # no prefix: A from position 0, a third entry
+    assert len(entry_files(tmp_path)) == 3
+    assert composer.prefill([A, B], prefix=PREFIX) == (1, 1)  # A after PREFIX is there already
+    shared = make_composer(composer.backend, tmp_path / "shared")
+    shared.chunks_after_prefix = False  # one entry per chunk whatever the prefix: not exact
+    result = shared.compose([A], QUERY, prefix=PREFIX, strategy="none")
+    assert max_diff(result.next_token_logits(),
+                    shared.full_prefill([A], QUERY, prefix=PREFIX).next_token_logits()) > TOL
+    shared.compose([A], QUERY, prefix="Another system prompt.\n", strategy="none")
+    assert len(entry_files(tmp_path / "shared")) == 1

@@ -145,12 +145,17 @@ class HFBackend:
 
     # -- KV ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill_chunk(self, token_ids: list[int]) -> ChunkKV:
-        """A chunk's KV computed alone, from position 0."""
+    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> ChunkKV:
+        """A chunk's KV computed alone from position 0, or right after ``prefix_ids`` (whose
+        KV is dropped: the chunk's then starts at ``len(prefix_ids)``)."""
         cache = DynamicCache(config=self.config)
-        ids = torch.tensor([token_ids], device=self.device)
+        ids = torch.tensor([list(prefix_ids) + list(token_ids)], device=self.device)
         self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         keys, values = _unpack(cache)
+        n = len(prefix_ids)
+        if n:
+            return ChunkKV([k[0, :, n:].contiguous() for k in keys],
+                           [v[0, :, n:].contiguous() for v in values], start=n)
         return ChunkKV([k[0] for k in keys], [v[0] for v in values], start=0)
 
     def reposition(self, kv: ChunkKV, start: int) -> ChunkKV:

@@ -145,13 +145,15 @@ def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 def run_task(composer: Composer, task: Task, method_list: list[Method],
              greedy_tokens: int = 8, on_method: Callable[[], None] | None = None,
              pruning_list: list[Method] = (), peer_list: list[Method] = (),
-             peer_runner=None) -> list[Measure]:
+             peer_runner=None, prefix: str | None = None) -> list[Measure]:
     """Full prefill, then every composition method, then every pruning method (kvpress, one
     shared context prefill), then the peer library's methods, on the same tokens, each scored
-    the same way."""
+    the same way. ``prefix`` (a system prompt before the chunks) is for composition only."""
+    if prefix and (pruning_list or peer_list):
+        raise ValueError("a request prefix is measured for composition methods only")
     backend = composer.backend
-    composer.prefill(task.context)  # cache-warm: every composed TTFT includes the store read
-    full = composer.full_prefill(task.context, task.query)
+    composer.prefill(task.context, prefix)  # cache-warm: composed TTFTs include the store read
+    full = composer.full_prefill(task.context, task.query, prefix)
     answer_ids = backend.tokenize(task.answer)
     logp = forced_logprobs(backend, full.state, answer_ids)
     targets = torch.tensor(answer_ids)
@@ -172,7 +174,7 @@ def run_task(composer: Composer, task: Task, method_list: list[Method],
         return measures[-1]
 
     for method in method_list:
-        result = composer.compose(task.context, task.query, strategy=method.strategy,
+        result = composer.compose(task.context, task.query, prefix, strategy=method.strategy,
                                   ratio=method.ratio)
         scored(method, result)
     for measure in measures:
