@@ -166,17 +166,13 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
             notes.append(f"kvboost {peer.KVBOOST_VERSION} (peer reference, never a gate "
                          f"candidate) ran on the first {config.peer_tasks} tasks of each "
                          "workload")
-    pruned_requests = 0  # anchor-preserving runs on code only
-
-    def n_tasks(workload: str) -> int:
-        return sum(t.workload == workload for t in tasks)
-
+    baseline_requests = 0  # pruning and peer requests; anchor-preserving runs on code only
     for workload in config.workloads:
-        n = min(config.pruning_tasks, sum(t.workload == workload for t in tasks))
+        n = sum(t.workload == workload for t in tasks)
         per_task = [m for m in pruning_list
                     if workload == "code-qa" or not RULES[m.strategy].needs_anchors]
-        pruned_requests += n * len(per_task)
-        pruned_requests += min(config.peer_tasks, n_tasks(workload)) * len(peer_list)
+        baseline_requests += min(config.pruning_tasks, n) * len(per_task)
+        baseline_requests += min(config.peer_tasks, n) * len(peer_list)
     loads = [load_start]
     temporary = None
     if config.store:
@@ -188,7 +184,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         store = LocalKVStore(store_dir)
         composer = Composer(backend, index, store=store, scope=f"eval:{config.seed}",
                             experimental=True)
-        total = len(tasks) * len(method_list) + pruned_requests
+        total = len(tasks) * len(method_list) + baseline_requests
         if progress is not None:
             progress("Evaluating", 0, total)
 
