@@ -81,6 +81,35 @@ def git_repo(tmp_path) -> GitRepo:
 
 
 @pytest.fixture
+def byte_counter(monkeypatch):
+    """Index with byte counting: converting the model's tokenizer takes seconds."""
+    import codekv.index
+    import codekv.tokens
+
+    spec = CounterSpec("bytes")
+    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: spec, raising=False)
+    monkeypatch.setattr(codekv.tokens, "default_counter_spec", lambda: spec)
+
+
+def distinct_chunk_ids(analysis, prefix: str):
+    """The analyze fixture gives every blob one hash: make chunk ids distinct per file."""
+    mapping = {c.id: f"{prefix}:{c.id}" for c in analysis.chunks}
+    for chunk in analysis.chunks:
+        chunk.id = mapping[chunk.id]
+    analysis.definitions = [
+        type(d)(d.name, d.kind, mapping[d.chunk_id], d.start_byte) for d in analysis.definitions
+    ]
+    analysis.references = [
+        type(r)(r.name, r.kind, mapping[r.chunk_id], r.start_byte, r.end_byte)
+        for r in analysis.references
+    ]
+    analysis.imports = [
+        type(i)(i.module, i.name, i.alias, mapping[i.chunk_id]) for i in analysis.imports
+    ]
+    return analysis
+
+
+@pytest.fixture
 def analyze():
     """Analyse source text of a language with byte counting, so fixtures are tokenizer-free."""
 

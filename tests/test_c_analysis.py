@@ -1,5 +1,7 @@
 """C chunks, anchors and cross-file resolution against hand-checked fixtures."""
 
+from conftest import distinct_chunk_ids
+
 from codekv.anchors.graph import ModuleResolver, build_graph
 from codekv.index import Index
 from codekv.tokens import CounterSpec
@@ -256,24 +258,6 @@ def test_uses_link_to_definitions_in_other_files(git_repo):
         index.close()
 
 
-def _distinct_ids(analysis, prefix):
-    """The analyze fixture gives every blob one hash: make chunk ids distinct per file."""
-    mapping = {c.id: f"{prefix}:{c.id}" for c in analysis.chunks}
-    for chunk in analysis.chunks:
-        chunk.id = mapping[chunk.id]
-    analysis.definitions = [
-        type(d)(d.name, d.kind, mapping[d.chunk_id], d.start_byte) for d in analysis.definitions
-    ]
-    analysis.references = [
-        type(r)(r.name, r.kind, mapping[r.chunk_id], r.start_byte, r.end_byte)
-        for r in analysis.references
-    ]
-    analysis.imports = [
-        type(i)(i.module, i.name, i.alias, mapping[i.chunk_id]) for i in analysis.imports
-    ]
-    return analysis
-
-
 def test_header_sees_its_implementation_file(analyze):
     """No include links util.h to util.c, yet they are one unit: the header's inline function
     resolves ``clamp`` to util.c's, though other.c defines a ``clamp`` too."""
@@ -283,7 +267,7 @@ def test_header_sees_its_implementation_file(analyze):
         "src/other.c": analyze("c", "int clamp(int x) { return 0; }\n"),
     }
     for path, analysis in files.items():
-        _distinct_ids(analysis, path)
+        distinct_chunk_ids(analysis, path)
     graph = build_graph(files)
     (twice,) = files["src/util.h"].chunks
     (clamp,) = files["src/util.c"].chunks

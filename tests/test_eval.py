@@ -11,8 +11,6 @@ import click
 import pytest
 from click.testing import CliRunner
 
-import codekv.index
-import codekv.tokens
 from codekv.compose import Composer, Passage
 from codekv.eval import command, markdown, peer, pruning, reuse, runner, workloads
 from codekv.eval.results import ROW_KEYS, aggregate
@@ -29,17 +27,13 @@ from codekv.gate import SupportGate
 from codekv.index import Index
 from codekv.kvstore import LocalKVStore
 from codekv.stdlib_repo import stdlib_dir
-from codekv.tokens import CounterSpec
 
-BYTES = CounterSpec("bytes")
 STDLIB_FILES = ("fnmatch.py", "genericpath.py", "glob.py", "posixpath.py", "shlex.py")
 
 
 @pytest.fixture(autouse=True)
-def byte_counter(monkeypatch):
-    """Index with byte counting: converting the model's tokenizer takes seconds."""
-    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: BYTES, raising=False)
-    monkeypatch.setattr(codekv.tokens, "default_counter_spec", lambda: BYTES)
+def _bytes(byte_counter):
+    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
 
 
 def _index(git_repo, files: dict) -> Index:

@@ -2,6 +2,7 @@
 definition wins, and a name defined in two unimported places is left ambiguous, not guessed."""
 
 import pytest
+from conftest import distinct_chunk_ids
 
 from codekv.anchors.graph import ModuleResolver, build_graph
 from codekv.index import Index
@@ -111,25 +112,9 @@ def test_wildcard_import_prefers_the_imported_module(analyze):
     }
     # The fixture gives every blob the same hash: make chunk ids distinct per file.
     for path, analysis in files.items():
-        _rename_chunks(analysis, path)
+        distinct_chunk_ids(analysis, path)
     graph = build_graph(files)
     (f_chunk,) = [c for c in files["star.py"].chunks if c.qualname == "f"]
     (target,) = [c for c in files["util.py"].chunks if c.qualname == "shared"]
     assert graph.depends_on(f_chunk.id) == [target.id]
     assert graph.ambiguous == {}
-
-
-def _rename_chunks(analysis, prefix):
-    mapping = {c.id: f"{prefix}:{c.id}" for c in analysis.chunks}
-    for chunk in analysis.chunks:
-        chunk.id = mapping[chunk.id]
-    analysis.definitions = [
-        type(d)(d.name, d.kind, mapping[d.chunk_id], d.start_byte) for d in analysis.definitions
-    ]
-    analysis.references = [
-        type(r)(r.name, r.kind, mapping[r.chunk_id], r.start_byte, r.end_byte)
-        for r in analysis.references
-    ]
-    analysis.imports = [
-        type(i)(i.module, i.name, i.alias, mapping[i.chunk_id]) for i in analysis.imports
-    ]

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-import codekv.index
-import codekv.tokens
 from codekv.eval import throughput, workloads
 from codekv.index import Index
-from codekv.tokens import CounterSpec
 
-BYTES = CounterSpec("bytes")
 FILES = {
     "util.py": "def helper(x):\n    return x + 1\n\n\ndef other(y):\n    return y * 3\n",
     "app.py": "from util import helper\n\n\ndef run(value):\n    return helper(value * 2)\n",
 }
-
-
-@pytest.fixture
-def byte_counter(monkeypatch):
-    """Index with byte counting: converting the model's tokenizer takes seconds."""
-    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: BYTES, raising=False)
-    monkeypatch.setattr(codekv.tokens, "default_counter_spec", lambda: BYTES)
 
 
 def _index(git_repo) -> Index:
