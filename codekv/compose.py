@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from codekv import paths
-from codekv.backends import ChunkKV, UnsupportedModel
+from codekv.backends import Backend, RequestState, UnsupportedModel
 from codekv.chunks import Chunk
 from codekv.gate import SupportGate
-from codekv.kvstore import KVEntry, KVKey, LocalKVStore, token_hash
+from codekv.kvstore import KVKey, LocalKVStore, token_hash
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
 
@@ -72,8 +72,8 @@ class Report:
 class ComposeResult:
     status: str
     report: Report
-    state: object  # the backend's request state
-    backend: object = field(repr=False)
+    state: RequestState
+    backend: Backend = field(repr=False)
 
     @property
     def token_ids(self) -> list[int]:
@@ -105,24 +105,25 @@ class Counters:
 class ExactPrefixCache:
     """Exact-prefix KV keyed by the hash of the prefix's token ids (plus model and tokenizer).
 
-    Its own namespace: composed states never populate or answer it.
+    Its own namespace: composed states never populate or answer it. Entries are the
+    backend's own chunk KV.
     """
 
     def __init__(self, max_entries: int = 16):
-        self.entries: OrderedDict[str, ChunkKV] = OrderedDict()
+        self.entries: OrderedDict[str, object] = OrderedDict()
         self.max_entries = max_entries
 
     @staticmethod
     def key(model: str, tokenizer: str, token_ids: list[int]) -> str:
         return hashlib.sha256(f"{model}:{tokenizer}:{token_hash(token_ids)}".encode()).hexdigest()
 
-    def get(self, key: str) -> ChunkKV | None:
+    def get(self, key: str):
         kv = self.entries.get(key)
         if kv is not None:
             self.entries.move_to_end(key)
         return kv
 
-    def put(self, key: str, kv: ChunkKV) -> None:
+    def put(self, key: str, kv) -> None:
         self.entries[key] = kv
         self.entries.move_to_end(key)
         while len(self.entries) > self.max_entries:
@@ -152,7 +153,7 @@ class Composer:
 
     def __init__(
         self,
-        backend,
+        backend: Backend,
         index=None,
         store: LocalKVStore | None = None,
         scope: str | None = None,
@@ -203,7 +204,7 @@ class Composer:
                 f"the model's {limit} positions"
             )
         # A query alone has no cached KV to reuse: its full prefill is the answer.
-        reason = self._refusal(pieces) if context_ids else "no context: only a query"
+        reason = self._refusal(pieces, selection) if context_ids else "no context: only a query"
         if reason is None:
             try:
                 state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report,
@@ -256,10 +257,12 @@ class Composer:
         return computed, cached
 
     # -- steps ---------------------------------------------------------------------------
-    def _refusal(self, pieces: list[_Piece]) -> str | None:
+    def _refusal(self, pieces: list[_Piece], selection) -> str | None:
         info = self.backend.info
         if info.unsupported:
             return f"unsupported: {info.unsupported}"
+        if selection.needs_deviation and self.backend.deviation_refusal:
+            return f"unsupported: strategy {selection.name}: {self.backend.deviation_refusal}"
         if self.experimental or not pieces:
             return None
         for workload in sorted({WORKLOADS[p.kind] for p in pieces}):
@@ -272,7 +275,7 @@ class Composer:
                  query_names: frozenset[str] = frozenset()):
         timings = report.timings
         t0 = time.perf_counter()
-        parts: list[ChunkKV] = []
+        parts = []
         if prefix_ids:
             key = ExactPrefixCache.key(
                 self.backend.info.fingerprint, self.backend.info.tokenizer_fingerprint, prefix_ids
@@ -303,7 +306,7 @@ class Composer:
             parts.append(self.backend.reposition(kv, offset) if selection.reposition else kv)
             segments.append(Segment(offset, len(piece.ids), piece.chunk_id, piece.anchors))
             offset += len(piece.ids)
-        context = _concat(parts)
+        context = self.backend.concat(parts)
         timings["reposition"] = time.perf_counter() - t0
         context_ids = prefix_ids + [t for p in pieces for t in p.ids]
         budget = round(ratio * (len(context_ids) - len(prefix_ids)))
@@ -346,21 +349,17 @@ class Composer:
         return KVKey(self.scope, info.fingerprint, info.tokenizer_fingerprint, identity,
                      token_hash(piece.ids))
 
-    def _chunk_kv(self, piece: _Piece, key: KVKey, prefix_ids: list[int]
-                  ) -> tuple[ChunkKV, bool]:
+    def _chunk_kv(self, piece: _Piece, key: KVKey, prefix_ids: list[int]) -> tuple[object, bool]:
+        """The chunk's KV in the backend's form, and whether the store had it."""
         entry = self.store.get(key)
         if entry is not None:
-            # The store reads onto the CPU; the backend's model may live on an accelerator.
-            device = getattr(self.backend, "device", None)
-            keys = [k.to(device) for k in entry.keys] if device is not None else entry.keys
-            values = [v.to(device) for v in entry.values] if device is not None else entry.values
-            return ChunkKV(keys, values, len(prefix_ids)), True
+            return self.backend.from_entry(entry, len(prefix_ids)), True
         kv = self.backend.prefill_chunk(piece.ids, prefix_ids)
         provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
-                          n_tokens=len(piece.ids), start=kv.start, created=time.time(),
+                          engine=self.backend.info.engine, n_tokens=len(piece.ids),
+                          start=kv.start, created=time.time(),
                           anchor_positions=[[a.kind, a.start, a.end] for a in piece.anchors])
-        entry = KVEntry([k.contiguous() for k in kv.keys], [v.contiguous() for v in kv.values],
-                        provenance)
+        entry = self.backend.to_entry(kv, provenance)
         try:
             self.store.put(key, entry)
         except OSError as error:
@@ -454,13 +453,6 @@ def default_scope(index) -> str:
     if index is None:
         return "default"
     return "repo:" + hashlib.sha256(str(Path(index.root)).encode()).hexdigest()[:16]
-
-
-def _concat(parts: list[ChunkKV]) -> ChunkKV:
-    n_layers = len(parts[0].keys)
-    keys = [torch.cat([p.keys[layer] for p in parts], dim=1) for layer in range(n_layers)]
-    values = [torch.cat([p.values[layer] for p in parts], dim=1) for layer in range(n_layers)]
-    return ChunkKV(keys, values, 0)
 
 
 def _join(chunks: list[Chunk]) -> Chunk:

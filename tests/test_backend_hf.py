@@ -13,8 +13,8 @@ import torch
 from conftest import TINY_FAMILIES, tiny_model, tiny_tokenizer
 from transformers import DynamicCache
 
-from codekv.backends import ChunkKV, hf
-from codekv.backends.hf import HFBackend, unsupported_reason
+from codekv.backends import hf
+from codekv.backends.hf import ChunkKV, HFBackend, unsupported_reason
 
 FAMILIES = sorted(TINY_FAMILIES)
 TOL = 1e-4

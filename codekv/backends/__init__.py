@@ -1,17 +1,22 @@
 """Compose backends: what composition needs from a model runtime, behind one small protocol.
 
-A backend tokenizes, prefills a chunk alone into per-layer KV, re-positions cached KV,
-recomputes a selected set of tokens plus the query against a composed context, and scores or
-generates from the resulting request state. It also describes itself (family, fingerprints) so
-that cached KV is never used with a model or tokenizer it was not made by.
+A backend tokenizes, prefills a chunk alone into its own KV form, re-positions and joins
+cached KV, recomputes a selected set of tokens plus the query against the composed context,
+and scores or generates from the resulting request state. The composer never looks inside a
+backend's KV: Hugging Face transformers keeps per-layer tensors, llama.cpp an opaque
+per-sequence state. A backend also describes itself (engine, family, fingerprints) so that
+cached KV is never used with a model, tokenizer or engine it was not made by.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+    from codekv.kvstore import KVEntry
 
 
 class UnsupportedModel(Exception):
@@ -25,46 +30,74 @@ class UnsupportedModel(Exception):
 @dataclass(frozen=True)
 class ModelInfo:
     family: str  # the model_type, e.g. "llama"
-    fingerprint: str  # weights, dtype, family and RoPE parameters
+    fingerprint: str  # weights, dtype, family and RoPE parameters (and the engine's KV format)
     tokenizer_fingerprint: str
     dtype: str
     n_layers: int
     max_positions: int
     unsupported: str | None = None  # why composition is refused for this model, if it is
+    engine: str = "transformers"  # the gate keys its evidence by engine and family
 
 
-@dataclass
-class ChunkKV:
-    """Per-layer keys and values of a token span, rotated for positions ``start``.."""
+class ChunkState(Protocol):
+    """A backend's KV of a token span whose first token sits at position ``start``."""
 
-    keys: list[torch.Tensor]  # per layer, [kv_heads, n_tokens, head_dim]
-    values: list[torch.Tensor]
-    start: int = 0
+    start: int
 
     @property
-    def n_tokens(self) -> int:
-        return self.keys[0].shape[1] if self.keys else 0
+    def n_tokens(self) -> int: ...
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+class RequestState(Protocol):
+    """A request's own KV (never shared with the chunk store) and its next-token logits."""
+
+    token_ids: list[int]
+    logits: torch.Tensor  # [vocab], predicting the token after token_ids
+
+    @property
+    def length(self) -> int: ...
 
 
 class Backend(Protocol):
+    """What ``Composer`` and the evaluation call; ``KV`` below is the backend's ChunkState."""
+
     info: ModelInfo
+    eos_token_id: int | None
+    # Why this engine cannot score per-token KV deviation (CacheBlend's rule), None if it can:
+    # a strategy that needs it is refused with this reason, never approximated.
+    deviation_refusal: str | None
 
     def tokenize(self, text: str) -> list[int]: ...
 
+    def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
+
     def detokenize(self, token_ids: list[int]) -> str: ...
 
-    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> ChunkKV: ...
+    # -- chunk KV --------------------------------------------------------------------------
+    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> Any: ...
 
-    def reposition(self, kv: ChunkKV, start: int) -> ChunkKV: ...
+    def reposition(self, kv: Any, start: int) -> Any: ...
 
-    def full_prefill(self, token_ids: list[int]): ...
+    def concat(self, parts: list[Any]) -> Any: ...
 
-    def recompute(self, context_ids: list[int], context: ChunkKV, selected: list[int],
-                  query_ids: list[int]): ...
+    def to_entry(self, kv: Any, provenance: dict) -> KVEntry: ...
 
-    def score(self, state, target_ids: list[int]) -> float: ...
+    def from_entry(self, entry: KVEntry, start: int) -> Any: ...
 
-    def generate(self, state, max_new_tokens: int) -> list[int]: ...
+    def kv_deviation(self, token_ids: list[int], context: Any) -> torch.Tensor: ...
+
+    # -- requests --------------------------------------------------------------------------
+    def full_prefill(self, token_ids: list[int]) -> RequestState: ...
+
+    def recompute(self, context_ids: list[int], context: Any, selected: list[int],
+                  query_ids: list[int]) -> RequestState: ...
+
+    def extend(self, state: RequestState, token_ids: list[int]) -> torch.Tensor: ...
+
+    def rewind(self, state: RequestState, length: int, logits: torch.Tensor) -> None: ...
+
+    def score(self, state: RequestState, target_ids: list[int]) -> float: ...
+
+    def generate(self, state: RequestState, max_new_tokens: int) -> list[int]: ...
+
+    def kv_bytes(self, state: RequestState) -> int: ...

@@ -23,7 +23,8 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from codekv.backends import ChunkKV, ModelInfo, UnsupportedModel
+from codekv.backends import ModelInfo, UnsupportedModel
+from codekv.kvstore import KVEntry
 
 # Families whose attention is full (no sliding window) with rotate-half RoPE applied to keys
 # after any key normalisation, so a cached key moves exactly by one more rotation.
@@ -39,6 +40,22 @@ SUPPORTED_FAMILIES = {
 # "longrope" is not static: transformers switches to the long factors once a sequence exceeds
 # the original context length, so a chunk prefilled alone can be rotated by other frequencies.
 STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
+
+
+@dataclass
+class ChunkKV:
+    """Per-layer keys and values of a token span, rotated for positions ``start``.."""
+
+    keys: list[torch.Tensor]  # per layer, [kv_heads, n_tokens, head_dim]
+    values: list[torch.Tensor]
+    start: int = 0
+
+    @property
+    def n_tokens(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 @dataclass
@@ -86,6 +103,8 @@ def _rope_parameters(config) -> dict:
 
 class HFBackend:
     """Composition on a loaded ``AutoModelForCausalLM`` and its tokenizer."""
+
+    deviation_refusal = None  # values are tensors here: KV deviation can be scored
 
     def __init__(self, model, tokenizer, weights_fingerprint: str | None = None):
         self.model = model.eval()
@@ -143,6 +162,10 @@ class HFBackend:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
     # -- KV ------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> ChunkKV:
@@ -176,6 +199,22 @@ class HFBackend:
             rotated = rotated * cos.to(key.device) + _rotate_half(rotated) * sin.to(key.device)
             keys.append(torch.cat((rotated, passed), dim=-1) if passed.shape[-1] else rotated)
         return ChunkKV(keys, kv.values, start)
+
+    def concat(self, parts: list[ChunkKV]) -> ChunkKV:
+        """Consecutive spans joined into one, per layer along the token axis."""
+        n_layers = len(parts[0].keys)
+        keys = [torch.cat([p.keys[layer] for p in parts], dim=1) for layer in range(n_layers)]
+        values = [torch.cat([p.values[layer] for p in parts], dim=1) for layer in range(n_layers)]
+        return ChunkKV(keys, values, parts[0].start)
+
+    def to_entry(self, kv: ChunkKV, provenance: dict) -> KVEntry:
+        return KVEntry([k.contiguous() for k in kv.keys], [v.contiguous() for v in kv.values],
+                       provenance)
+
+    def from_entry(self, entry: KVEntry, start: int) -> ChunkKV:
+        # The store reads onto the CPU; the model may live on an accelerator.
+        return ChunkKV([k.to(self.device) for k in entry.keys],
+                       [v.to(self.device) for v in entry.values], start)
 
     @torch.inference_mode()
     def kv_deviation(self, token_ids: list[int], context: ChunkKV, layer: int = 1) -> torch.Tensor:
@@ -303,6 +342,9 @@ class HFBackend:
         predictions = torch.cat((first[None], logits[:-1]), dim=0)
         targets = torch.tensor(target_ids, device=predictions.device)
         return torch.nn.functional.cross_entropy(predictions, targets).item()
+
+    def kv_bytes(self, state: RequestState) -> int:
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in state.cache.layers)
 
     @torch.inference_mode()
     def generate(self, state: RequestState, max_new_tokens: int) -> list[int]:

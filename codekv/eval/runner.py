@@ -125,7 +125,7 @@ def forced_logprobs(backend, state, token_ids: list[int]) -> torch.Tensor:
 def greedy(backend, state, n: int) -> list[int]:
     """Full prefill's first ``n`` greedy tokens (an end-of-sequence token included, then stop)."""
     length, first = state.length, state.logits
-    eos = backend.tokenizer.eos_token_id
+    eos = backend.eos_token_id
     out: list[int] = []
     for _ in range(n):
         token = int(state.logits.argmax())
@@ -160,7 +160,7 @@ def run_task(composer: Composer, task: Task, method_list: list[Method],
     ref = _Reference(answer_ids, logp, greedy(backend, full.state, greedy_tokens),
                      float(-logp[torch.arange(len(answer_ids)), targets].mean()),
                      full.report.ttft_s)
-    context_bytes = _context_kv_bytes(full.state, full.report.context_tokens)
+    context_bytes = _context_kv_bytes(backend, full.state, full.report.context_tokens)
     measures = [_measure(task, FULL, Method(FULL, 1.0), full, ref, logp, None, len(answer_ids))]
     measures[0].kind = "reference"
 
@@ -196,11 +196,9 @@ def run_task(composer: Composer, task: Task, method_list: list[Method],
     return measures
 
 
-def _context_kv_bytes(state, context_tokens: int) -> int:
+def _context_kv_bytes(backend, state, context_tokens: int) -> int:
     """The context's share of a full request state's KV."""
-    layers = state.cache.layers
-    total = sum(layer.keys.nbytes + layer.values.nbytes for layer in layers)
-    return total * context_tokens // max(1, layers[0].keys.shape[2])
+    return backend.kv_bytes(state) * context_tokens // max(1, state.length)
 
 
 def _measure(task, label, method, result, ref: _Reference, logp, greedy_logp, n_answer) -> Measure:

@@ -68,6 +68,7 @@ class HybridSelection(Strategy):
     """Half the budget by anchors (boundaries first), the rest by KV deviation."""
 
     name = "hybrid"
+    needs_deviation = True
     boundary_per_chunk: int = 16
 
     def select(self, context: SelectionContext) -> list[int]:

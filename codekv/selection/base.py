@@ -52,6 +52,7 @@ class Strategy:
 
     name: str = ""
     reposition: bool = True  # False only for the evaluation's "not re-positioned" baseline
+    needs_deviation: bool = False  # reads ``context.deviation`` (an engine may not score it)
 
     def select(self, context: SelectionContext) -> list[int]:
         raise NotImplementedError

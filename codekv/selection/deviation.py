@@ -12,6 +12,7 @@ class DeviationSelection(Strategy):
     """Run all tokens through the first layers, then pick the top tokens by KV deviation."""
 
     name = "deviation"
+    needs_deviation = True
 
     def select(self, context: SelectionContext) -> list[int]:
         if context.budget <= 0 or context.deviation is None:

@@ -1,0 +1,73 @@
+"""The backend protocol: the composer and the evaluation use only what ``Backend`` declares, so
+a second engine (llama.cpp, whose KV is an opaque per-sequence state) can implement it."""
+
+from __future__ import annotations
+
+import pytest
+
+from codekv.backends import Backend
+from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
+from codekv.eval import runner
+from codekv.eval.workloads import Task
+from codekv.gate import SupportGate
+from codekv.kvstore import LocalKVStore
+from codekv.selection import STRATEGIES
+
+DECLARED = {name for name in dir(Backend) if not name.startswith("_")} | set(
+    Backend.__annotations__
+)
+A = Passage("def area(width, height):\n    return width * height\n", "area")
+B = Passage("The quick brown fox jumps over the lazy dog near the river bank.", "fox")
+
+
+class DeclaredOnly:
+    """A backend seen only through the protocol: anything undeclared is an AttributeError."""
+
+    def __init__(self, backend, **overrides):
+        self._backend = backend
+        self._overrides = overrides
+
+    def __getattr__(self, name):
+        if name not in DECLARED:
+            raise AttributeError(f"{name!r} is not declared by the Backend protocol")
+        if name in self._overrides:
+            return self._overrides[name]
+        return getattr(self._backend, name)
+
+
+def composer(backend, tmp_path) -> Composer:
+    return Composer(backend, store=LocalKVStore(tmp_path / "kv"), scope="test",
+                    gate=SupportGate([], "test gate"), experimental=True)
+
+
+def test_the_protocol_declares_what_composition_uses():
+    assert {"tokenize_with_offsets", "kv_deviation", "concat", "to_entry", "from_entry",
+            "eos_token_id", "deviation_refusal", "kv_bytes"} <= DECLARED
+
+
+def test_composer_and_evaluation_use_only_declared_members(tiny_backend, tmp_path):
+    backend = DeclaredOnly(tiny_backend("llama"))
+    comp = composer(backend, tmp_path)
+    assert comp.prefill([A, B], prefix="System.\n") == (2, 0)
+    for name in sorted(STRATEGIES):
+        for prefix in (None, "System.\n"):
+            result = comp.compose([A, B, A], "What is area?", prefix=prefix, strategy=name,
+                                  ratio=0.3)
+            assert result.status == COMPOSED, result.report.fallback_reason
+            result.score("width")
+            result.generate(2)
+    task = Task("rag", "t0", "quote", [A, B], "Quote area:", " return width", "area")
+    measures = runner.run_task(comp, task, runner.methods(("none", "boundary"), (0.25,)))
+    assert [m.status for m in measures] == [FULL_PREFILL, COMPOSED, COMPOSED]
+    assert measures[0].kv_bytes > 0
+
+
+@pytest.mark.parametrize("name", ["deviation", "hybrid"])
+def test_a_rule_the_engine_cannot_score_is_refused_not_approximated(tiny_backend, tmp_path,
+                                                                     name):
+    backend = DeclaredOnly(tiny_backend("llama"), deviation_refusal="no access to V")
+    comp = composer(backend, tmp_path)
+    refused = comp.compose([A, B], "What is area?", strategy=name)
+    assert refused.status == FULL_PREFILL
+    assert refused.report.fallback_reason == f"unsupported: strategy {name}: no access to V"
+    assert comp.compose([A, B], "What is area?", strategy="boundary").status == COMPOSED
