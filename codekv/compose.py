@@ -319,8 +319,19 @@ class Composer:
                 timings["deviation"] = time.perf_counter() - t
             return deviation_cache[0]
 
+        relevance_cache: list[torch.Tensor] = []
+
+        def relevance() -> torch.Tensor:
+            if not relevance_cache:
+                t = time.perf_counter()
+                layers = query_probe_layers(self.backend.info.n_layers)
+                relevance_cache.append(self.backend.query_relevance(context, query_ids, layers))
+                timings["relevance"] = time.perf_counter() - t
+            return relevance_cache[0]
+
         selection_context = SelectionContext(
-            len(context_ids), len(prefix_ids), segments, budget, deviation, query_names
+            len(context_ids), len(prefix_ids), segments, budget, deviation, query_names,
+            relevance if query_ids else None,
         )
         t0 = time.perf_counter()
         selected = selection.select(selection_context)
@@ -435,6 +446,11 @@ class Composer:
             if use.start_byte == anchor.start_byte and use.end_byte == anchor.end_byte:
                 return use.target
         return None
+
+
+def query_probe_layers(n_layers: int) -> tuple[int, ...]:
+    """Where query-aware rules read the query's attention: every layer of the first half."""
+    return tuple(range(max(1, n_layers // 2)))
 
 
 KV_MAX_BYTES_ENV = "CODEKV_KV_MAX_BYTES"

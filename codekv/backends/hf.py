@@ -234,6 +234,48 @@ class HFBackend:
         fresh = cache.layers[layer].values[0]
         return (fresh - context.values[layer]).float().norm(dim=-1).sum(dim=0).cpu()
 
+    @torch.inference_mode()
+    def query_relevance(self, context: ChunkKV, query_ids: list[int],
+                        layers: tuple[int, ...]) -> torch.Tensor:
+        """Per context position, the attention the query pays it over the reused context.
+
+        The query runs once through the first ``max(layers) + 1`` layers against the reused,
+        re-positioned KV (what ``none`` would see); at each probe layer the attention of every
+        query row and head over the context is taken, and the mean over rows, heads and probe
+        layers is returned (ProphetKV / QCFuse-style query-aware selection). Costs a forward of
+        the query tokens alone through those layers; ``context`` is not modified.
+        """
+        n, q = context.n_tokens, len(query_ids)
+        if not q:
+            raise ValueError("query relevance needs query tokens")
+        last = max(layers)
+        if not 0 <= min(layers) <= last < len(context.keys):
+            raise ValueError(f"probe layers {layers} outside 0..{len(context.keys) - 1}")
+        pos = torch.arange(n, n + q, device=self.device)
+        visible = torch.arange(n + q, device=self.device)[None, :] <= pos[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        cache = DynamicCache(config=self.config)
+        cache.layers = [_SlotLayer(_with_room(key, n + q), _with_room(value, n + q), pos)
+                        for key, value in zip(context.keys[: last + 1],
+                                              context.values[: last + 1])]
+        base = self.model.base_model
+        all_layers = base.layers
+        base.layers = all_layers[: last + 1]
+        config = self.model.config
+        inner = config._attn_implementation
+        captured: dict[int, torch.Tensor] = {}
+        token = _PROBE.set((frozenset(layers), n, captured))
+        config._attn_implementation = PROBE_ATTENTION
+        try:
+            base(input_ids=torch.tensor([query_ids], device=self.device), position_ids=pos[None],
+                 attention_mask=mask[None, None], past_key_values=cache, use_cache=True)
+        finally:
+            base.layers = all_layers
+            config._attn_implementation = inner
+            _PROBE.reset(token)
+        return torch.stack([captured[layer] for layer in layers]).mean(dim=0).float().cpu()
+
     # -- requests ------------------------------------------------------------------------
     @torch.inference_mode()
     def full_prefill(self, token_ids: list[int]) -> RequestState:
@@ -396,6 +438,31 @@ def _ragged_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
 
 
 AttentionInterface.register(RAGGED_ATTENTION, _ragged_sdpa)
+
+
+PROBE_ATTENTION = "codekv_query_probe"
+# (probe layers, context length, captured per-layer relevance) while a query probe runs.
+_PROBE: contextvars.ContextVar[tuple[frozenset[int], int, dict] | None] = contextvars.ContextVar(
+    "codekv_query_probe", default=None
+)
+
+
+def _probe_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                     **kwargs):
+    """Eager attention that also records, at probe layers, the mean attention of the query rows
+    over the context keys; the output is what SDPA would give."""
+    layers, n, captured = _PROBE.get()
+    key = repeat_kv(key, query.shape[1] // key.shape[1])
+    value = repeat_kv(value, query.shape[1] // value.shape[1])
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale + attention_mask
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    if module.layer_idx in layers:
+        captured[module.layer_idx] = probs[0, :, :, :n].mean(dim=(0, 1))
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PROBE_ATTENTION, _probe_attention)
 
 
 class _SlotLayer(DynamicLayer):

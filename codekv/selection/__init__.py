@@ -12,6 +12,7 @@ from codekv.selection.base import (
     TokenAnchor,
 )
 from codekv.selection.deviation import DeviationSelection
+from codekv.selection.query import QueryAnchorSelection, QuerySelection
 from codekv.selection.simple import (
     AllSelection,
     BoundarySelection,
@@ -28,6 +29,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
         DeviationSelection,
         AnchorSelection,
         HybridSelection,
+        QuerySelection,
+        QueryAnchorSelection,
         AllSelection,
     )
 }

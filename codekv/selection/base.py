@@ -42,6 +42,8 @@ class SelectionContext:
     # Per-position KV deviation of the reused state from a fresh one (CacheBlend), on demand.
     deviation: Callable[[], torch.Tensor] | None = None
     query_names: frozenset[str] = frozenset()  # identifiers the query mentions
+    # Per-position attention of the query over the reused context (query-aware rules), on demand.
+    relevance: Callable[[], torch.Tensor] | None = None
 
     def request_chunks(self) -> set[str]:
         return {s.chunk_id for s in self.segments if s.chunk_id}

@@ -1,0 +1,58 @@
+"""Query-aware selection: recompute the context tokens the query attends to.
+
+Deviation ranks tokens by how much their reused KV changed, whatever the question; ProphetKV
+(arXiv 2602.02579) calls that crowding-out - globally salient tokens the query never reads eat
+the budget. These rules rank by the query's attention over the re-positioned context instead
+(``SelectionContext.relevance``, one pass of the query through a few layers), above a floor of
+each chunk's first tokens (the attention sinks a chunk computed alone carries, EPIC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codekv.selection.anchors import anchor_positions
+from codekv.selection.base import SelectionContext, Strategy, boundary_positions, take
+
+
+def by_relevance(context: SelectionContext, positions: list[int] | None = None) -> list[int]:
+    """Chunk positions (or ``positions``) by the query's attention, most attended first."""
+    relevance = context.relevance().clone()
+    relevance[: context.prefix_length] = float("-inf")
+    if positions is None:
+        return relevance.argsort(descending=True).tolist()
+    return sorted(positions, key=lambda p: -float(relevance[p]))
+
+
+@dataclass
+class QuerySelection(Strategy):
+    """``floor`` first tokens of each chunk, then the tokens the query attends to most."""
+
+    name = "query"
+    floor: int = 4
+
+    def select(self, context: SelectionContext) -> list[int]:
+        if context.budget <= 0 or context.relevance is None:
+            return []
+        chosen = take(boundary_positions(context, self.floor), context.budget)
+        return sorted(take(by_relevance(context), context.budget, chosen))
+
+
+@dataclass
+class QueryAnchorSelection(Strategy):
+    """``query`` with code anchors as a prior: after the floor, up to ``anchor_share`` of the
+    budget for the key anchors (definitions and calls of names the query mentions, def-use
+    partners inside the request), most attended first; the rest by the query's attention."""
+
+    name = "query-anchors"
+    floor: int = 4
+    anchor_share: float = 0.25
+
+    def select(self, context: SelectionContext) -> list[int]:
+        if context.budget <= 0 or context.relevance is None:
+            return []
+        chosen = take(boundary_positions(context, self.floor), context.budget)
+        key = by_relevance(context, anchor_positions(context, ranked_kinds=False))
+        share = len(chosen) + int(context.budget * self.anchor_share)
+        chosen = take(key, min(context.budget, share), chosen)
+        return sorted(take(by_relevance(context), context.budget, chosen))

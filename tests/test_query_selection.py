@@ -1,0 +1,98 @@
+"""Query-aware selection: the probe's attention is the model's own, and the rules use it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_FAMILIES
+from test_backend_hf import composed_context, token_ids
+from transformers import DynamicCache
+
+from codekv.selection import Segment, SelectionContext, TokenAnchor, strategy
+from codekv.selection.query import QueryAnchorSelection, QuerySelection
+
+
+def eager_attention(backend, context, query: list[int]) -> list[torch.Tensor]:
+    """The model's own eager attention weights of the query over the reused context."""
+    cache = DynamicCache(config=backend.config)
+    for layer, (k, v) in enumerate(zip(context.keys, context.values)):
+        cache.update(k[None].clone(), v[None].clone(), layer)
+    config = backend.model.config
+    inner = config._attn_implementation
+    config._attn_implementation = "eager"
+    n = context.n_tokens
+    try:
+        with torch.inference_mode():
+            out = backend.model(input_ids=torch.tensor([query]),
+                                position_ids=torch.arange(n, n + len(query))[None],
+                                past_key_values=cache, use_cache=True, output_attentions=True)
+    finally:
+        config._attn_implementation = inner
+    return [a[0, :, :, :n].mean(dim=(0, 1)) for a in out.attentions]
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+@pytest.mark.parametrize("layers", [(0,), (1,), (0, 1)])
+def test_relevance_is_the_models_own_attention(tiny_backend, family, layers):
+    backend = tiny_backend(family)
+    ids, context = composed_context(backend, [token_ids(30, 1), token_ids(25, 2)])
+    query = token_ids(6, 9)
+    expected = torch.stack([eager_attention(backend, context, query)[i] for i in layers]).mean(0)
+    relevance = backend.query_relevance(context, query, layers)
+    assert relevance.shape == (len(ids),)
+    assert torch.allclose(relevance, expected, atol=1e-5)
+    assert backend.model.config._attn_implementation == "sdpa"  # restored
+    assert len(backend.model.base_model.layers) == 2  # restored
+
+
+def test_relevance_refuses_bad_input(tiny_backend):
+    backend = tiny_backend("llama")
+    _, context = composed_context(backend, [token_ids(10, 1)])
+    with pytest.raises(ValueError, match="query tokens"):
+        backend.query_relevance(context, [], (0,))
+    with pytest.raises(ValueError, match="outside"):
+        backend.query_relevance(context, [1, 2], (5,))
+
+
+def selection_context(relevance: torch.Tensor, budget: int, anchors=(), query_names=()):
+    segments = [Segment(0, 10, "a"), Segment(10, 10, "b", list(anchors)), Segment(20, 10, "c")]
+    return SelectionContext(30, 0, segments, budget, None, frozenset(query_names),
+                            lambda: relevance)
+
+
+def test_query_rule_takes_the_floor_then_the_most_attended():
+    relevance = torch.zeros(30)
+    relevance[[5, 17, 25]] = torch.tensor([0.9, 0.5, 0.7])
+    chosen = QuerySelection(floor=2).select(selection_context(relevance, 7))
+    # Floors of the chunks after the first (10, 11, 20, 21), then 5, 25, 17 by attention.
+    assert chosen == [5, 10, 11, 17, 20, 21, 25]
+    assert QuerySelection(floor=2).select(selection_context(relevance, 3)) == [10, 11, 20]
+    assert QuerySelection().select(selection_context(relevance, 0)) == []
+
+
+def test_query_anchors_prefers_anchors_the_query_names():
+    relevance = torch.linspace(1.0, 0.0, 30)  # earlier tokens attended more
+    anchors = [TokenAnchor("def", "parse", 6, 8)]  # positions 16, 17
+    context = selection_context(relevance, 6, anchors, {"parse"})
+    chosen = QueryAnchorSelection(floor=1, anchor_share=0.5).select(context)
+    assert chosen == [0, 1, 10, 16, 17, 20]
+    assert QuerySelection(floor=1).select(context) == [0, 1, 2, 3, 10, 20]
+
+
+@pytest.mark.parametrize("name", ["query", "query-anchors"])
+def test_query_rules_compose_exactly_with_a_full_budget(tiny_backend, tmp_path, name):
+    from codekv.compose import Composer, Passage
+    from codekv.kvstore import LocalKVStore
+
+    backend = tiny_backend("llama")
+    composer = Composer(backend, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+    chunks = [Passage("def area(width, height):\n    return width * height\n"),
+              Passage("the quick brown fox jumps over the lazy dog\n")]
+    full = composer.full_prefill(chunks, "area(")
+    result = composer.compose(chunks, "area(", strategy=name, ratio=1.0)
+    assert result.status == "composed" and result.report.recompute_ratio == 1.0
+    assert "relevance" in result.report.timings
+    assert (result.next_token_logits() - full.next_token_logits()).abs().max() < 1e-4
+    partial = composer.compose(chunks, "area(", strategy=name, ratio=0.2)
+    assert 0 < partial.report.recomputed_tokens <= round(0.2 * partial.report.context_tokens)
+    assert strategy(name).name == name
