@@ -261,8 +261,10 @@ class Composer:
         info = self.backend.info
         if info.unsupported:
             return f"unsupported: {info.unsupported}"
-        if selection.needs_deviation and self.backend.deviation_refusal:
-            return f"unsupported: strategy {selection.name}: {self.backend.deviation_refusal}"
+        for needed, refusal in ((selection.needs_deviation, self.backend.deviation_refusal),
+                                (selection.needs_relevance, self.backend.relevance_refusal)):
+            if needed and refusal:
+                return f"unsupported: strategy {selection.name}: {refusal}"
         if self.experimental or not pieces:
             return None
         for workload in sorted({WORKLOADS[p.kind] for p in pieces}):

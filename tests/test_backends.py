@@ -42,7 +42,8 @@ def composer(backend, tmp_path) -> Composer:
 
 def test_the_protocol_declares_what_composition_uses():
     assert {"tokenize_with_offsets", "kv_deviation", "concat", "to_entry", "from_entry",
-            "eos_token_id", "deviation_refusal", "kv_bytes"} <= DECLARED
+            "eos_token_id", "deviation_refusal", "kv_bytes", "query_relevance",
+            "relevance_refusal"} <= DECLARED
 
 
 def test_composer_and_evaluation_use_only_declared_members(tiny_backend, tmp_path):
@@ -62,10 +63,13 @@ def test_composer_and_evaluation_use_only_declared_members(tiny_backend, tmp_pat
     assert measures[0].kv_bytes > 0
 
 
-@pytest.mark.parametrize("name", ["deviation", "hybrid"])
+@pytest.mark.parametrize(("name", "missing"), [
+    ("deviation", "deviation_refusal"), ("hybrid", "deviation_refusal"),
+    ("query", "relevance_refusal"), ("query-anchors", "relevance_refusal"),
+])
 def test_a_rule_the_engine_cannot_score_is_refused_not_approximated(tiny_backend, tmp_path,
-                                                                     name):
-    backend = DeclaredOnly(tiny_backend("llama"), deviation_refusal="no access to V")
+                                                                     name, missing):
+    backend = DeclaredOnly(tiny_backend("llama"), **{missing: "no access to V"})
     comp = composer(backend, tmp_path)
     refused = comp.compose([A, B], "What is area?", strategy=name)
     assert refused.status == FULL_PREFILL

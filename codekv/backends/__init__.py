@@ -66,6 +66,8 @@ class Backend(Protocol):
     # Why this engine cannot score per-token KV deviation (CacheBlend's rule), None if it can:
     # a strategy that needs it is refused with this reason, never approximated.
     deviation_refusal: str | None
+    # Why it cannot score the query's attention over reused KV (query-aware rules), or None.
+    relevance_refusal: str | None
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -85,6 +87,9 @@ class Backend(Protocol):
     def from_entry(self, entry: KVEntry, start: int) -> Any: ...
 
     def kv_deviation(self, token_ids: list[int], context: Any) -> torch.Tensor: ...
+
+    def query_relevance(self, context: Any, query_ids: list[int],
+                        layers: tuple[int, ...]) -> torch.Tensor: ...
 
     # -- requests --------------------------------------------------------------------------
     def full_prefill(self, token_ids: list[int]) -> RequestState: ...

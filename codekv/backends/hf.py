@@ -105,6 +105,7 @@ class HFBackend:
     """Composition on a loaded ``AutoModelForCausalLM`` and its tokenizer."""
 
     deviation_refusal = None  # values are tensors here: KV deviation can be scored
+    relevance_refusal = None  # and the query's attention over them too
 
     def __init__(self, model, tokenizer, weights_fingerprint: str | None = None):
         self.model = model.eval()

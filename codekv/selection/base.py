@@ -55,6 +55,7 @@ class Strategy:
     name: str = ""
     reposition: bool = True  # False only for the evaluation's "not re-positioned" baseline
     needs_deviation: bool = False  # reads ``context.deviation`` (an engine may not score it)
+    needs_relevance: bool = False  # reads ``context.relevance``, likewise
 
     def select(self, context: SelectionContext) -> list[int]:
         raise NotImplementedError

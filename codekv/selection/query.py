@@ -29,6 +29,7 @@ class QuerySelection(Strategy):
     """``floor`` first tokens of each chunk, then the tokens the query attends to most."""
 
     name = "query"
+    needs_relevance = True
     floor: int = 4
 
     def select(self, context: SelectionContext) -> list[int]:
@@ -45,6 +46,7 @@ class QueryAnchorSelection(Strategy):
     partners inside the request), most attended first; the rest by the query's attention."""
 
     name = "query-anchors"
+    needs_relevance = True
     floor: int = 4
     anchor_share: float = 0.25
 
