@@ -20,6 +20,7 @@ from codekv.chunks import (
     Anchor,
     Chunk,
     Chunker,
+    Outlined,
     chunk_id,
     number_parts,
     text_pieces,
@@ -61,6 +62,7 @@ class BlobAnalysis:
     definitions: list[Definition] = field(default_factory=list)
     references: list[Reference] = field(default_factory=list)
     imports: list[Import] = field(default_factory=list)
+    outline: list[Outlined] = field(default_factory=list)  # named definitions, with spans
     syntax_errors: int = 0
     decode_errors: bool = False
 
@@ -101,11 +103,18 @@ class Analyzer:
         chunker = Chunker(spec, self.counter.count, self.budget, fits)
         pieces = chunker.pieces(tree.root_node, source)
         chunks = self._chunks(blob_hash, language, source, pieces)
+        lines = _LineNumbers(source)
+        outline = [
+            item._replace(start_line=lines.at(item.start_byte),
+                          end_line=lines.at(max(item.start_byte, item.end_byte - 1)))
+            for item in chunker.outline
+        ]
         analysis = BlobAnalysis(
             blob_hash,
             language,
             self.chunker,
             chunks,
+            outline=outline,
             syntax_errors=_count_errors(tree.root_node),
             decode_errors=decode_errors,
         )

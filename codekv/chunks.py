@@ -4,19 +4,29 @@ The rules follow cAST: definitions are chunks of their own; a class that exceeds
 becomes a header chunk plus one chunk per method; an oversized node splits at statement
 boundaries; small non-definition siblings (imports, constants, loose statements) merge into
 module chunks up to the budget. A chunk's text is always the exact byte slice of its blob.
+
+Parts number the pieces of one definition cut for size, never different definitions that share
+a name (two C ``main``s, Java overloads, a Rust struct and its ``impl`` blocks): those are
+distinct chunks, told apart by their lines. Every definition the chunker meets, also one inside
+a class kept whole, is listed in the file's outline with its byte span, so that
+``PATH::Class.method`` can be addressed (see ``codekv.address``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from codekv.grammars import LanguageSpec, definition_name
 
 # Bump when chunk boundaries or anchor rules change: it retires every stored chunk.
-CHUNKER_VERSION = "1"
+CHUNKER_VERSION = "2"
 DEFAULT_BUDGET = 512
+# Deeper nesting (of classes, namespaces, statements, preprocessor blocks) is not cut further:
+# the deep node stays whole in its chunk. A fixed depth, not Python's recursion limit, so
+# that boundaries never depend on the caller's stack.
+MAX_DEPTH = 64
 
 
 class Anchor(NamedTuple):
@@ -60,6 +70,17 @@ def chunk_id(blob_hash: str, language: str, start: int, end: int, chunker: str) 
     return hashlib.sha256(key).hexdigest()[:24]
 
 
+class Outlined(NamedTuple):
+    """A definition's (or a namespace's) qualified name, kind and span in its file."""
+
+    qualname: str
+    kind: str
+    start_byte: int
+    end_byte: int
+    start_line: int = 0  # 1-based, inclusive; set by the analysis
+    end_line: int = 0
+
+
 @dataclass
 class _Piece:
     kind: str
@@ -68,29 +89,28 @@ class _Piece:
     name: str | None = None
     qualname: str | None = None
     parent: str | None = None
+    owner: int | None = None  # which definition (in outline order) the piece is a part of
 
 
 def number_parts(pieces: list[_Piece]) -> list[int]:
-    """Part numbers: 0 for a node kept whole, 1.. for the pieces of one split node."""
-    totals: dict[tuple, int] = {}
+    """Part numbers: 0 for a node kept whole, 1.. for the pieces of one split definition."""
+    totals: dict[int, int] = {}
     for piece in pieces:
-        if piece.qualname:
-            key = (piece.kind, piece.qualname)
-            totals[key] = totals.get(key, 0) + 1
-    seen: dict[tuple, int] = {}
+        if piece.owner is not None:
+            totals[piece.owner] = totals.get(piece.owner, 0) + 1
+    seen: dict[int, int] = {}
     parts = []
     for piece in pieces:
-        key = (piece.kind, piece.qualname)
-        if piece.qualname and totals[key] > 1:
-            seen[key] = seen.get(key, 0) + 1
-            parts.append(seen[key])
+        if piece.owner is not None and totals[piece.owner] > 1:
+            seen[piece.owner] = seen.get(piece.owner, 0) + 1
+            parts.append(seen[piece.owner])
         else:
             parts.append(0)
     return parts
 
 
 class Chunker:
-    """Cuts one file of one language into pieces under a token budget."""
+    """Cuts one file of one language into pieces under a token budget, and outlines it."""
 
     def __init__(self, spec: LanguageSpec, count, budget: int = DEFAULT_BUDGET, fits=None):
         self.spec = spec
@@ -99,15 +119,19 @@ class Chunker:
         # fits(start_byte, end_byte) -> whether the range is within the budget; a counter
         # may answer it without counting (see TokenCounter.fits).
         self.fits = fits or (lambda start, end: count(start, end) <= budget)
+        self.outline: list[Outlined] = []
 
     def pieces(self, root, source: bytes) -> list[_Piece]:
+        """The file's pieces in order; ``self.outline`` then lists its named definitions."""
         self.source = source
+        self.outline = []
+        self._owners = 0
         out: list[_Piece] = []
-        self._members(self._segments(root.named_children), _Piece("module", 0, 0), out)
+        self._members(self._segments(root.named_children), _Piece("module", 0, 0), out, 0)
         return out
 
     # -- members of a module, class body or namespace ------------------------------------
-    def _members(self, segments, owner: _Piece, out: list[_Piece]) -> None:
+    def _members(self, segments, owner: _Piece, out: list[_Piece], depth: int) -> None:
         """Chunk a sequence of sibling segments; loose statements take ``owner``'s kind and name."""
         parent = owner.qualname if owner.kind != "module" or owner.qualname else None
         loose: list[tuple[int, int]] = []  # byte ranges of non-definition siblings
@@ -121,18 +145,18 @@ class Chunker:
             if definition is None:
                 if self._is_namespace(node):
                     flush()
-                    self._namespace(start, node, parent, out)
+                    self._namespace(start, node, parent, out, depth)
                 else:
                     loose.append((start, node.end_byte))
                 continue
             flush()
-            self._definition_chunks(start, node, definition, parent, out)
+            self._definition_chunks(start, node, definition, parent, out, depth)
         flush()
 
-    def _segments(self, nodes):
+    def _segments(self, nodes, depth: int = 0):
         """Named children with the comments right above them folded in."""
         pending = None
-        for node in self._flatten(nodes):
+        for node in self._flatten(nodes, depth):
             if node.type in self.spec.comment_types:
                 if pending is None or not self._adjacent(pending[1], node):
                     if pending is not None:
@@ -154,14 +178,15 @@ class Chunker:
         if pending is not None:
             yield pending[0], pending[1]
 
-    def _flatten(self, nodes):
+    def _flatten(self, nodes, depth: int):
         """``nodes`` with transparent containers replaced by their children and own tokens."""
         for node in nodes:
-            if node.type not in self.spec.transparent_types:
+            if node.type not in self.spec.transparent_types or depth >= MAX_DEPTH:
                 yield node
                 continue
             # Directive tokens (`#ifdef`, `#endif`, `extern`, braces) stay as loose text.
-            yield from self._flatten(c for c in node.children if c.is_named or c.type.strip())
+            children = (c for c in node.children if c.is_named or c.type.strip())
+            yield from self._flatten(children, depth + 1)
 
     @staticmethod
     def _adjacent(above, below) -> bool:
@@ -201,7 +226,8 @@ class Chunker:
             node = inner
         return node
 
-    def _definition_chunks(self, start, node, definition, parent, out) -> None:
+    def _named(self, definition, parent):
+        """(kind, name, qualname, parent) of a definition among ``parent``'s members."""
         name = definition_name(self.spec, definition)
         is_class = definition.type in self.spec.class_types
         if not is_class and self.spec.owner_of is not None:
@@ -212,58 +238,102 @@ class Chunker:
                 parent = f"{parent}.{owner}" if parent else owner
         qualname = f"{parent}.{name}" if parent and name else name
         kind = "class" if is_class else ("method" if parent else "function")
+        return kind, name, qualname, parent
+
+    def _owner(self, kind: str, qualname: str | None, start: int, end: int) -> int:
+        """A new definition: listed in the outline when named; its number groups its parts."""
+        if qualname:
+            self.outline.append(Outlined(qualname, kind, start, end))
+        self._owners += 1
+        return self._owners
+
+    def _definition_chunks(self, start, node, definition, parent, out, depth) -> None:
+        kind, name, qualname, parent = self._named(definition, parent)
         end = node.end_byte
-        if self.fits(start, end):
-            out.append(_Piece(kind, start, end, name, qualname, parent))
-            return
+        owner = self._owner(kind, qualname, start, end)
+        is_class = kind == "class"
         body = definition.child_by_field_name(self.spec.body_field)
-        if body is None or not body.named_children:
-            out.append(_Piece(kind, start, end, name, qualname, parent))
+        if self.fits(start, end) or body is None or not body.named_children \
+                or depth >= MAX_DEPTH:
+            out.append(_Piece(kind, start, end, name, qualname, parent, owner))
+            if is_class and body is not None and depth < MAX_DEPTH:
+                self._outline(body, qualname, depth + 1)
             return
         if is_class:
             # The header (signature, docstring, fields) is the class chunk; members split off.
-            members = list(self._segments(body.named_children))
+            members = list(self._segments(body.named_children, depth))
             first_def = next((s for s, n in members if self._definition(n) is not None), None)
             if first_def is not None:
                 header_end = self._rstrip(start, self._line_start(first_def))
-                out.append(_Piece(kind, start, header_end, name, qualname, parent))
-                owner = _Piece(kind, 0, 0, name, qualname, parent)
-                self._members([(s, n) for s, n in members if s >= first_def], owner, out)
+                out.append(_Piece(kind, start, header_end, name, qualname, parent, owner))
+                holder = _Piece(kind, 0, 0, name, qualname, parent, owner)
+                remaining = [(s, n) for s, n in members if s >= first_def]
+                self._members(remaining, holder, out, depth + 1)
                 return
-        self._split(start, end, _body_statements(body), kind, name, qualname, parent, out)
+        statements = _body_statements(body)
+        self._split(start, end, statements, _Piece(kind, 0, 0, name, qualname, parent, owner),
+                    out, depth)
 
-    def _namespace(self, start, node, parent, out) -> None:
+    def _namespace(self, start, node, parent, out, depth) -> None:
         inner = self._unwrap(node)
         name = definition_name(self.spec, inner)
         qualname = f"{parent}.{name}" if parent and name else name
+        owner = self._owner("module", qualname, start, node.end_byte)
         body = inner.child_by_field_name(self.spec.body_field)
-        if self.fits(start, node.end_byte) or body is None:
-            out.append(_Piece("module", start, node.end_byte, name, qualname, parent))
+        if self.fits(start, node.end_byte) or body is None or depth >= MAX_DEPTH:
+            out.append(_Piece("module", start, node.end_byte, name, qualname, parent, owner))
+            if body is not None and depth < MAX_DEPTH:
+                self._outline(body, qualname, depth + 1)
             return
-        owner = _Piece("module", 0, 0, name, qualname, parent)
-        self._members(self._segments(body.named_children), owner, out)
+        holder = _Piece("module", 0, 0, name, qualname, parent, owner)
+        self._members(self._segments(body.named_children, depth), holder, out, depth + 1)
+
+    def _outline(self, body, parent, depth) -> None:
+        """Outline the members of a class or namespace kept whole in one chunk."""
+        for start, node in self._segments(body.named_children, depth):
+            definition = self._definition(node)
+            if definition is not None:
+                kind, _, qualname, _ = self._named(definition, parent)
+                self._owner(kind, qualname, start, node.end_byte)
+                inner = definition.child_by_field_name(self.spec.body_field)
+            elif self._is_namespace(node):
+                inner = self._unwrap(node)
+                name = definition_name(self.spec, inner)
+                qualname = f"{parent}.{name}" if parent and name else name
+                self._owner("module", qualname, start, node.end_byte)
+                inner = inner.child_by_field_name(self.spec.body_field)
+            else:
+                continue
+            if inner is not None and qualname and depth < MAX_DEPTH and (
+                definition is None or definition.type in self.spec.class_types
+            ):
+                self._outline(inner, qualname, depth + 1)
 
     # -- splitting and merging ---------------------------------------------------------
-    def _split(self, start, end, statements, kind, name, qualname, parent, out) -> None:
+    def _split(self, start, end, statements, owner: _Piece, out, depth) -> None:
         """Split an oversized node at statement boundaries into contiguous pieces."""
         cuts = [start]
-        self._cut(statements, cuts)
+        self._cut(statements, cuts, end, depth)
         cuts.append(end)
         for a, b in zip(cuts, cuts[1:]):
-            out.append(_Piece(kind, a, self._rstrip(a, b), name, qualname, parent))
+            out.append(replace(owner, start=a, end=self._rstrip(a, b)))
 
-    def _cut(self, statements, cuts: list[int]) -> None:
-        """Greedy cuts before statements; a statement too big alone is cut inside, recursively."""
-        for node in statements:
-            if self.fits(cuts[-1], node.end_byte):
+    def _cut(self, statements, cuts: list[int], end: int, depth: int) -> None:
+        """Greedy cuts before statements; a statement too big alone is cut inside, down to
+        ``MAX_DEPTH``. The last statement carries what closes its block (``}``) up to ``end``:
+        the piece ending there must fit too."""
+        last = len(statements) - 1
+        for index, node in enumerate(statements):
+            stop = max(end, node.end_byte) if index == last else node.end_byte
+            if self.fits(cuts[-1], stop):
                 continue
             cut = self._line_start(node.start_byte)
             if cut > cuts[-1]:
                 cuts.append(cut)
-            if not self.fits(cuts[-1], node.end_byte):
+            if not self.fits(cuts[-1], stop) and depth < MAX_DEPTH:
                 inner = _statements_inside(node)
                 if inner:
-                    self._cut(inner, cuts)
+                    self._cut(inner, cuts, stop, depth + 1)
 
     def _merge(self, ranges, owner: _Piece, out) -> None:
         """Merge consecutive small siblings into chunks of at most the budget."""
@@ -274,8 +344,7 @@ class Chunker:
             else:
                 groups.append([(start, end)])
         for group in groups:
-            start, end = group[0][0], group[-1][1]
-            out.append(_Piece(owner.kind, start, end, owner.name, owner.qualname, owner.parent))
+            out.append(replace(owner, start=group[0][0], end=group[-1][1]))
 
     def _line_start(self, offset: int) -> int:
         """The start of the line holding ``offset`` when only indentation precedes it."""

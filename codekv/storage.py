@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from codekv.analysis import BlobAnalysis, Definition, Import, Reference
-from codekv.chunks import Anchor, Chunk
+from codekv.chunks import Anchor, Chunk, Outlined
 from codekv.gitrepo import SourceFile
 
 SCHEMA_VERSION = "1"
@@ -413,6 +413,8 @@ def blob_rows(repo_id: int, analysis: BlobAnalysis) -> StoredBlob:
         "i": list(map(tuple, analysis.imports)),
         # Enough to count and graph a snapshot without reading every chunk row.
         "c": [[c.id, c.kind, dict(Counter(map(first, c.anchors)))] for c in analysis.chunks],
+        # Named definitions with their spans: how an address finds a method inside a chunk.
+        "o": list(map(tuple, analysis.outline)),
     }
     packed = zlib.compress(_dumps(symbols).encode(), 1)
     errors = (analysis.syntax_errors, int(analysis.decode_errors))
@@ -431,6 +433,7 @@ class BlobSymbols:
     references: list[Reference]
     imports: list[Import]
     chunks: list[tuple[str, str, dict[str, int]]]  # (id, kind, anchor counts by kind)
+    outline: list[Outlined]
 
     @property
     def chunk_ids(self) -> list[str]:
@@ -448,6 +451,7 @@ class BlobSymbols:
             [Reference(*r) for r in data["r"]],
             [Import(*i) for i in data["i"]],
             [tuple(c) for c in data["c"]],
+            [Outlined(*o) for o in data["o"]],
         )
 
 

@@ -105,7 +105,8 @@ def test_anchors_by_kind(analyze):
     assert _found(serve, "assign") == ["Name", "i", "i", "n"]  # s.Name =, i := 0, i++, n :=
     assert _found(serve, "def") == ["Serve"]
     assert _found(new, "return") == ["return &Server{Name: name}"]
-    assert _found(handler, "def") == ["Handler"]
+    # A method an interface declares is a definition, as in Java and TypeScript.
+    assert _found(handler, "def") == ["Handler", "Serve"]
     assert {a.kind for a in server.anchors} == {"def"}
 
 
@@ -115,7 +116,8 @@ def test_definitions_references_and_imports(analyze):
         ("Limit", "constant"),
         ("Server", "class"),
         ("Handler", "interface"),
-        ("Serve", "method"),
+        ("Serve", "method"),  # declared by Handler
+        ("Serve", "method"),  # defined for *Server
         ("New", "function"),
     ]
     refs = [(r.name, r.kind) for r in result.references]

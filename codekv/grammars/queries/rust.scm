@@ -7,6 +7,10 @@
 (mod_item body: (declaration_list (function_item name: (identifier) @name) @definition.function))
 (impl_item body: (declaration_list (function_item name: (identifier) @name) @definition.method))
 (trait_item body: (declaration_list (function_item name: (identifier) @name) @definition.method))
+; A method a trait declares without a body defines its name too, as a Java interface method
+; does (a signature in an `extern` block is a prototype, not a definition).
+(trait_item body: (declaration_list
+  (function_signature_item name: (identifier) @name) @definition.method))
 (struct_item name: (type_identifier) @name) @definition.class
 (enum_item name: (type_identifier) @name) @definition.class
 (union_item name: (type_identifier) @name) @definition.class
