@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,18 +146,21 @@ def _print_summary(summary) -> None:
 @_store_option
 @_budget_option
 def show(repo, target, store, budget):
-    """Show the chunks of PATH[::QUALNAME] with anchors marked and def-use neighbours."""
+    """Show the chunks at TARGET with anchors marked and def-use neighbours.
+
+    TARGET is PATH, PATH::QUALNAME (``db.py::Pool.get``), PATH::QUALNAME@LINE or a chunk id.
+    """
+    from codekv.address import AddressError
     from codekv.show import render_chunks
 
-    path, _, qualname = target.partition("::")
-    path = posixpath.normpath(path)  # "./app.py" and "src//app.py" name indexed paths too
     with _opened_index(repo, store, budget=budget) as idx:
         # Incremental (nothing changed: nothing parsed); without it a file edited since the
         # last index would be shown from a snapshot whose blob is no longer on disk.
         idx.update()
-        chunks = idx.find(path, qualname or None)
-        if not chunks:
-            raise click.ClickException(f"no chunk matches {target!r}; is it indexed?")
+        try:
+            chunks = idx.lookup(target).chunks
+        except AddressError as error:
+            raise click.ClickException(str(error)) from error
         render_chunks(console, idx, chunks)
 
 
@@ -209,7 +211,8 @@ def _composer(repo, store, model, experimental):
 
 @main.command()
 @click.argument("repo", required=False, default=".")
-@click.option("--chunk", "chunks", multiple=True, required=True, help="PATH[::QUALNAME] or id.")
+@click.option("--chunk", "chunks", multiple=True, required=True,
+              help="PATH, PATH::QUALNAME[@LINE] or a chunk id.")
 @click.option("--query", required=True, help="The question or instruction after the chunks.")
 @click.option("--prefix", default=None, help="Exact prefix (system prompt, tool docs).")
 @click.option("--strategy", default="anchors", show_default=True,

@@ -407,15 +407,7 @@ class Composer:
             return item
         if self.index is None:
             raise ValueError(f"chunk {item!r} needs an index to resolve")
-        if not _is_chunk_id(item):
-            path, _, qualname = item.partition("::")
-            found = self.index.find(path, qualname or None)
-            if not found:
-                raise KeyError(f"no chunk matches {item!r} in {self.index.root}")
-            if len(found) > 1:
-                return _join(found)
-            return found[0]
-        return self.index.chunk(item)
+        return self.index.resolve(item)
 
     def _code_piece(self, chunk: Chunk) -> _Piece:
         header = f"# {chunk.path}\n"
@@ -471,23 +463,6 @@ def default_scope(index) -> str:
     if index is None:
         return "default"
     return "repo:" + hashlib.sha256(str(Path(index.root)).encode()).hexdigest()[:16]
-
-
-def _join(chunks: list[Chunk]) -> Chunk:
-    """The pieces of one split definition requested by name, as one span of its file."""
-    first, last = chunks[0], chunks[-1]
-    anchors = [a for c in chunks for a in c.anchors]
-    return Chunk(
-        id=first.id, blob_hash=first.blob_hash, language=first.language, kind=first.kind,
-        name=first.name, qualname=first.qualname, parent=first.parent, part=0,
-        start_byte=first.start_byte, end_byte=last.end_byte, start_line=first.start_line,
-        end_line=last.end_line, n_tokens=sum(c.n_tokens for c in chunks), anchors=anchors,
-        path=first.path,
-    )
-
-
-def _is_chunk_id(text: str) -> bool:
-    return len(text) == 24 and all(c in "0123456789abcdef" for c in text)
 
 
 def _byte_to_char(data: bytes):

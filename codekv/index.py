@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from codekv import gitrepo, grammars, paths
+from codekv import address, gitrepo, grammars, paths
 from codekv.analysis import Analyzer, chunker_version
 from codekv.anchors.graph import DefUseGraph, Use, build_graph
 from codekv.anchors.state import BlobInfo, GraphState
-from codekv.chunks import DEFAULT_BUDGET, Anchor, Chunk
+from codekv.chunks import DEFAULT_BUDGET, Anchor, Chunk, Outlined
 from codekv.storage import BlobSymbols, IndexStore, StoredBlob, blob_rows
 from codekv.tokens import CounterSpec, default_counter_spec
 
@@ -140,6 +140,7 @@ class Index:
         self._graph: DefUseGraph | None = None
         self._chunks: dict[str, Chunk] | None = None
         self._uses: dict[str, list[Use]] | None = None
+        self._users: dict[str, list[Use]] | None = None  # uses by the chunk they resolve to
         self._files_by_path: dict[str, gitrepo.SourceFile] | None = None
         self._reader: gitrepo.BlobReader | None = None
         self._fresh: dict[tuple[str, str], BlobInfo] = {}  # blobs analysed by this update
@@ -174,6 +175,7 @@ class Index:
             self._graph = None
             self._chunks = None
             self._uses = None
+            self._users = None
             self._files_by_path = None
             try:
                 stats = self._stats(indexed)
@@ -293,7 +295,10 @@ class Index:
 
     def chunks(self, path: str | None = None) -> list[Chunk]:
         """Chunks of the indexed snapshot (of one file when ``path`` is given), in file order."""
-        files = self.files() if path is None else [f for f in self.files() if f.path == path]
+        if path is None:
+            files = self.files()
+        else:
+            files = [self._file_map()[path]] if path in self._file_map() else []
         out = []
         for file in files:
             analysis = self.store.load_analysis(
@@ -312,20 +317,54 @@ class Index:
             raise KeyError(f"no chunk {chunk_id} in the index of {self.root}") from None
 
     def find(self, path: str, qualname: str | None = None) -> list[Chunk]:
-        """Chunks of ``path``, or only those named ``qualname`` (all parts of a split one)."""
+        """Stored chunks of ``path``, or those named ``qualname`` (of every definition of that
+        name); ``lookup`` resolves an address to one definition."""
         chunks = self.chunks(path)
         if qualname is None:
             return chunks
         return [c for c in chunks if c.qualname == qualname]
 
+    def lookup(self, item: str | Chunk) -> address.Target:
+        """What an address (see ``codekv.address``) names: its stored chunks and its span.
+        Raises ``AddressError`` naming the candidates when it is ambiguous."""
+        return address.resolve(self, item)
+
+    def resolve(self, item: str | Chunk) -> Chunk:
+        """An address as one chunk: a stored chunk, or the span of what it names."""
+        return self.lookup(item).span
+
+    def has_file(self, path: str) -> bool:
+        return path in self._file_map()
+
+    def outline(self, path: str) -> list[Outlined]:
+        """The named definitions of ``path`` with their spans, nested ones included."""
+        file = self._file_map().get(path)
+        symbols = file and self.store.load_symbols(
+            self.repo_id, file.blob_hash, file.language, self.chunker
+        )
+        return symbols.outline if symbols else []
+
+    def blob(self, chunk: Chunk) -> bytes:
+        """The bytes of the file ``chunk`` was cut from."""
+        if self._reader is None:
+            self._reader = gitrepo.BlobReader(self.repo.path)
+        return self._reader.read(self._file_map()[chunk.path])
+
     def text(self, chunk: Chunk) -> bytes:
         """The chunk's exact bytes; a composed request reads one per chunk, so the snapshot's
         path map and the blob reader are kept until the next ``update``."""
+        return chunk.text(self.blob(chunk))
+
+    def count_tokens(self, data: bytes, start: int, end: int) -> int:
+        """Tokens of ``data[start:end]`` as the chunker counts them."""
+        counter = _analyzer(self.counter, self.budget).counter
+        counter.reset(data)
+        return counter.count(start, end)
+
+    def _file_map(self) -> dict[str, gitrepo.SourceFile]:
         if self._files_by_path is None:
             self._files_by_path = {file.path: file for file in self.files()}
-        if self._reader is None:
-            self._reader = gitrepo.BlobReader(self.repo.path)
-        return chunk.text(self._reader.read(self._files_by_path[chunk.path]))
+        return self._files_by_path
 
     @property
     def graph(self) -> DefUseGraph:
@@ -338,15 +377,37 @@ class Index:
         uses = [Anchor("use", u.name, u.start_byte, u.end_byte) for u in self.uses(chunk)]
         return sorted(chunk.anchors + uses, key=lambda a: (a.start_byte, a.end_byte, a.kind))
 
-    def depends_on(self, chunk: Chunk) -> list[Chunk]:
-        return [self.chunk(i) for i in self.graph.depends_on(chunk.id)]
+    def depends_on(self, item: str | Chunk) -> list[Chunk]:
+        """Chunks defining what the chunk or address ``item`` uses."""
+        target = self.lookup(item)
+        own = {c.id for c in target.chunks}
+        found = {use.target for use in self.uses(target.span)} - own
+        return [self.chunk(i) for i in sorted(found)]
 
-    def used_by(self, chunk: Chunk) -> list[Chunk]:
-        return [self.chunk(i) for i in self.graph.used_by(chunk.id)]
+    def used_by(self, item: str | Chunk) -> list[Chunk]:
+        """Chunks using what the chunk or address ``item`` defines."""
+        target = self.lookup(item)
+        span = target.span
+        own = {c.id for c in target.chunks}
+        if self._users is None:
+            self._users = {}
+            self.uses(span)  # loads every chunk's uses
+            for uses in self._uses.values():
+                for use in uses:
+                    self._users.setdefault(use.target, []).append(use)
+        # A span inside a chunk (a method of a class kept whole) is used where its names are.
+        names = {a.name for a in span.anchors if a.kind == "def"}
+        found = set()
+        for chunk in self._holders(span):
+            inside = span.start_byte <= chunk.start_byte and chunk.end_byte <= span.end_byte
+            found.update(use.source for use in self._users.get(chunk.id, ())
+                         if inside or use.name in names)
+        return [self.chunk(i) for i in sorted(found - own)]
 
     def uses(self, chunk: Chunk) -> list[Use]:
         """References in ``chunk`` resolved to other chunks; read from the snapshot's stored
-        graph when there is one, so a request does not rebuild the repository's graph."""
+        graph when there is one, so a request does not rebuild the repository's graph. For a
+        span (a joined definition, a method inside its class's chunk): the uses within it."""
         if self._uses is None:
             files = self.files()
             cached = self.store.graph_cache(self.repo_id, self._snapshot_key(files))
@@ -357,7 +418,21 @@ class Index:
             self._uses = {}
             for row in rows:
                 self._uses.setdefault(row[0], []).append(Use(*row))
-        return self._uses.get(chunk.id, [])
+        if chunk.id in self._uses or chunk.path is None:
+            return self._uses.get(chunk.id, [])
+        return [
+            use
+            for holder in self._holders(chunk)
+            for use in self._uses.get(holder.id, ())
+            if chunk.start_byte <= use.start_byte and use.end_byte <= chunk.end_byte
+        ]
+
+    def _holders(self, span: Chunk) -> list[Chunk]:
+        """The stored chunks overlapping ``span`` (itself when it is one)."""
+        if span.path is None:
+            return [span]
+        return [c for c in self.chunks(span.path)
+                if c.start_byte < span.end_byte and span.start_byte < c.end_byte]
 
     def gc(self) -> int:
         """Drop stored blobs no file of the last indexed snapshot points to; returns how many."""
