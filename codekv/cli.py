@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from codekv.chunks import DEFAULT_BUDGET
+from codekv.cli_types import StoreParam
 from codekv.gitrepo import NotARepositoryError
 from codekv.storage import CorruptIndexError
 
@@ -22,10 +23,39 @@ console = Console()
 def _store_option(function):
     return click.option(
         "--store",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=StoreParam(shared=False),
         default=None,
         help="Directory of the index (default: $CODEKV_HOME or ~/.cache/codekv).",
     )(function)
+
+
+def _kv_store_option(function):
+    return click.option(
+        "--store",
+        type=StoreParam(shared=True),
+        default=None,
+        help="Directory of the index and chunk KV (default: $CODEKV_HOME or ~/.cache/codekv), "
+             "or a shared chunk KV store: redis://[user:password@]host:port/db, rediss://..., "
+             "or local,<url> (default: $CODEKV_STORE).",
+    )(function)
+
+
+def _split_store(store) -> tuple[Path | None, str | None]:
+    """(index directory, shared store spec) of a ``--store`` value."""
+    return (None, store) if isinstance(store, str) else (store, None)
+
+
+def _kv_store(directory: Path | None, shared: str | None):
+    """The chunk KV store: ``shared``, else ``$CODEKV_STORE``, else the local one."""
+    from codekv.compose import default_kv_store
+    from codekv.paths import home
+    from codekv.stores import STORE_ENV, StoreSpecError
+
+    try:
+        return default_kv_store(directory or home(), shared)
+    except StoreSpecError as error:
+        where = "--store" if shared else f"${STORE_ENV}"
+        raise click.ClickException(f"{where}: {error}") from error
 
 
 @click.group()
@@ -166,16 +196,14 @@ def show(repo, target, store, budget):
 
 @main.command()
 @click.argument("repo", required=False, default=".")
-@_store_option
+@_kv_store_option
 @_budget_option
 def gc(repo, store, budget):
     """Drop index entries no longer reachable from the repository's current snapshot.
 
     Blobs chunked with another budget (or an older chunker) count as unreachable.
     """
-    from codekv.compose import default_kv_store
-    from codekv.paths import home
-
+    store, shared = _split_store(store)
     with _opened_index(repo, store, budget=budget) as idx:
         removed = idx.gc()
         live = {file.blob_hash for file in idx.files()}
@@ -185,7 +213,12 @@ def gc(repo, store, budget):
         # Chunk KV of this repository whose blob left the snapshot goes; all else stays.
         return provenance.get("repository") != root or provenance.get("blob") in live
 
-    kv_removed = default_kv_store(store or home()).gc(keep)
+    from codekv.stores import StoreUnavailable
+
+    try:
+        kv_removed = _kv_store(store, shared).gc(keep)
+    except StoreUnavailable as error:
+        raise click.ClickException(f"chunk KV store: {error}") from error
     console.print(f"removed {removed} unreachable blob entries and {kv_removed} chunk KV files")
 
 
@@ -195,6 +228,7 @@ def _composer(repo, store, model, experimental):
     from codekv.compose import Composer
     from codekv.models import ModelLoadError, load_backend
 
+    store, shared = _split_store(store)
     with _opened_index(repo, store) as idx:
         idx.update()
         try:
@@ -202,11 +236,8 @@ def _composer(repo, store, model, experimental):
                 backend = load_backend(model)
         except ModelLoadError as error:
             raise click.ClickException(str(error)) from error
-        from codekv.compose import default_kv_store
-        from codekv.paths import home
-
-        store_root = store or home()
-        yield idx, Composer(backend, idx, default_kv_store(store_root), experimental=experimental)
+        kv_store = _kv_store(store, shared)
+        yield idx, Composer(backend, idx, kv_store, experimental=experimental)
 
 
 @main.command()
@@ -224,7 +255,7 @@ def _composer(repo, store, model, experimental):
 @click.option("--check", is_flag=True, help="Also run full prefill and compare.")
 @click.option("--experimental", is_flag=True, help="Compose even where the gate has no evidence.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@_store_option
+@_kv_store_option
 def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model, check,
             experimental, as_json, store):
     """Answer QUERY over cached chunks composed in the given order."""
@@ -238,6 +269,8 @@ def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model,
         output = {"status": result.status, "answer": answer, "report": result.report.as_json()}
         if check:
             output["check"] = _check(composer, result, list(chunks), query, prefix)
+    if result.report.store_error:
+        click.echo(f"codekv: chunk KV store not used: {result.report.store_error}", err=True)
     if as_json:
         click.echo(json.dumps(output))
         return
@@ -272,7 +305,7 @@ def _check(composer, result, chunks, query, prefix) -> dict:
 @click.argument("repo", required=False, default=".")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
 @click.option("--limit", type=int, default=None, help="At most this many chunks.")
-@_store_option
+@_kv_store_option
 def prefill(repo, model, limit, store):
     """Fill the chunk KV store for a repository's chunks."""
     from rich.progress import Progress
@@ -286,9 +319,14 @@ def prefill(repo, model, limit, store):
                 made, had = composer.prefill([chunk])
                 computed, cached = computed + made, cached + had
                 progress.advance(task)
+    from codekv.stores import describe
+
+    error = getattr(composer.store, "error", None)
+    if error:
+        click.echo(f"codekv: chunk KV store not used: {error}", err=True)
     stats = composer.store.stats()
-    console.print(f"computed {computed}, already cached {cached}; store: {stats.entries} entries, "
-                  f"{stats.bytes / 1e6:.1f} MB")
+    console.print(f"computed {computed}, already cached {cached}; store {describe(composer.store)}:"
+                  f" {stats.entries} entries, {stats.bytes / 1e6:.1f} MB")
 
 
 def _register_eval() -> None:

@@ -25,9 +25,10 @@ from codekv import paths
 from codekv.backends import Backend, RequestState, UnsupportedModel
 from codekv.chunks import Chunk
 from codekv.gate import SupportGate
-from codekv.kvstore import KVKey, LocalKVStore, token_hash
+from codekv.kvstore import KVKey, KVStore, LocalKVStore, token_hash
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
+from codekv.stores import STORE_ENV, describe, open_kv_store
 
 EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
 # Workloads the gate knows, by what a request's chunks are.
@@ -63,6 +64,10 @@ class Report:
     timings: dict[str, float] = field(default_factory=dict)
     ttft_s: float = 0.0
     fallback_reason: str | None = None
+    store: str = ""  # the chunk KV store: a directory, or a URL without credentials
+    store_hits: int = 0  # chunks whose KV the store served
+    store_misses: int = 0  # chunks prefilled because the store had no valid entry
+    store_error: str | None = None  # why the store was not used (the request went on without)
 
     def as_json(self) -> dict:
         return dict(self.__dict__)
@@ -155,7 +160,7 @@ class Composer:
         self,
         backend: Backend,
         index=None,
-        store: LocalKVStore | None = None,
+        store: KVStore | str | Path | None = None,
         scope: str | None = None,
         gate: SupportGate | None = None,
         experimental: bool = False,
@@ -163,6 +168,8 @@ class Composer:
     ):
         self.backend = backend
         self.index = index
+        if isinstance(store, str | Path):
+            store = open_kv_store(store)
         self.store = store or default_kv_store()
         self.scope = scope or default_scope(index)
         self.gate = gate or SupportGate.load()
@@ -299,6 +306,8 @@ class Composer:
             kv, hit = self._chunk_kv(piece, self._key(piece, after), after)
             report.chunk_hits += hit
             report.chunk_misses += not hit
+            report.store_hits += hit
+            report.store_misses += not hit
             cached.append(kv)
         timings["store_load"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -349,6 +358,8 @@ class Composer:
 
     def _finish(self, state, report: Report, started: float) -> ComposeResult:
         report.ttft_s = time.perf_counter() - started
+        report.store = describe(self.store)
+        report.store_error = getattr(self.store, "error", None)
         report.timings = {k: round(v, 4) for k, v in report.timings.items()}
         return ComposeResult(report.status, report, state, self.backend)
 
@@ -364,7 +375,8 @@ class Composer:
 
     def _chunk_kv(self, piece: _Piece, key: KVKey, prefix_ids: list[int]) -> tuple[object, bool]:
         """The chunk's KV in the backend's form, and whether the store had it."""
-        entry = self.store.get(key)
+        # A shared store lets one process compute a missing chunk while the others wait.
+        entry = getattr(self.store, "get_or_lease", self.store.get)(key)
         if entry is not None:
             return self.backend.from_entry(entry, len(prefix_ids)), True
         kv = self.backend.prefill_chunk(piece.ids, prefix_ids)
@@ -451,11 +463,19 @@ KV_MAX_BYTES_ENV = "CODEKV_KV_MAX_BYTES"
 DEFAULT_KV_MAX_BYTES = 20 << 30
 
 
-def default_kv_store(root: Path | None = None) -> LocalKVStore:
+def default_kv_store(root: Path | None = None, spec: str | None = None) -> KVStore:
     """The chunk KV store under ``root`` (default: the codekv home), LRU-bounded by
-    ``$CODEKV_KV_MAX_BYTES`` (default 20 GiB): fp32 KV of the default model is 45 KiB/token."""
+    ``$CODEKV_KV_MAX_BYTES`` (default 20 GiB): fp32 KV of the default model is 45 KiB/token.
+
+    ``spec`` (else ``$CODEKV_STORE``) names a shared store instead, or ``local,<url>`` both.
+    """
     limit = int(os.environ.get(KV_MAX_BYTES_ENV, DEFAULT_KV_MAX_BYTES))
-    return LocalKVStore((root or paths.home()) / "kv", max_bytes=limit)
+
+    def local() -> LocalKVStore:
+        return LocalKVStore((root or paths.home()) / "kv", max_bytes=limit)
+
+    spec = spec or os.environ.get(STORE_ENV)
+    return open_kv_store(spec, local) if spec else local()
 
 
 def default_scope(index) -> str:

@@ -39,6 +39,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import xxhash
 from safetensors import safe_open
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from codekv.paths import private_dir
@@ -422,6 +423,32 @@ def _decode(path: Path, key: KVKey) -> KVEntry:
         if layers < 1 or set(f.keys()) != set(names):
             raise _Corrupt("unexpected tensor names")
         tensors = {name: f.get_tensor(name) for name in names}
+    return _verified(meta, tensors, layers)
+
+
+def decode_bytes(data: bytes, key: KVKey) -> KVEntry:
+    """The entry encoded in ``data`` (a value read from a shared store), verified like a file;
+    raises on anything that is not ``key``'s valid entry."""
+    _, header = _parse_header(data[: 8 + int.from_bytes(data[:8], "little")])
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or meta.get(_META_FORMAT) != FORMAT_VERSION:
+        raise _Corrupt("not a codekv entry of this format")
+    if json.loads(meta[_META_KEY]) != asdict(key):
+        raise _Corrupt("entry belongs to another key")
+    layers = int(meta[_META_LAYERS])
+    names = _tensor_names(layers)
+    if layers < 1 or set(header) - {"__metadata__"} != set(names):
+        raise _Corrupt("unexpected tensor names")
+    tensors = st_load(data)
+    return _verified(meta, tensors, layers)
+
+
+def encode_entry(key: KVKey, entry: KVEntry) -> bytes:
+    """``entry`` as the bytes of one store value (a local file or a shared store's value)."""
+    return _encode(key, entry)
+
+
+def _verified(meta: dict, tensors: dict[str, torch.Tensor], layers: int) -> KVEntry:
     if any(t.dim() != 3 for t in tensors.values()):
         raise _Corrupt("tensor of wrong rank")
     if _checksum(meta, tensors, layers) != meta[_META_CHECKSUM]:
@@ -449,6 +476,36 @@ def _read_meta(path: Path) -> dict | None:
         return None
     meta = header.get("__metadata__")
     return meta if isinstance(meta, dict) else None
+
+
+def header_meta(head: bytes) -> dict | None:
+    """An entry's metadata from its first bytes (8 + the header length); None if unreadable."""
+    try:
+        _, header = _parse_header(head)
+    except (ValueError, _Corrupt):
+        return None
+    meta = header.get("__metadata__")
+    return meta if isinstance(meta, dict) else None
+
+
+def header_length(prefix: bytes) -> int | None:
+    """The safetensors header length in an entry's first 8 bytes; None if not one of ours."""
+    if len(prefix) < 8:
+        return None
+    n = int.from_bytes(prefix[:8], "little")
+    return n if n <= _MAX_HEADER else None
+
+
+def entry_format(meta: dict) -> str | None:
+    return meta.get(_META_FORMAT)
+
+
+def entry_provenance(meta: dict) -> dict | None:
+    try:
+        provenance = json.loads(meta[_META_PROVENANCE])
+    except (KeyError, ValueError, TypeError):
+        return None
+    return provenance if isinstance(provenance, dict) else None
 
 
 def _recorded_scope(meta: dict) -> str | None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pygit2
@@ -73,6 +78,85 @@ class GitRepo:
         tree = index.write_tree()
         parents = [] if self.repo.head_is_unborn else [self.repo.head.target]
         return str(self.repo.create_commit("HEAD", SIGNATURE, SIGNATURE, message, tree, parents))
+
+
+# -- a real redis-server for the shared chunk store (started per session, own port and dir) -----
+
+
+def _missing(what: str) -> None:
+    """Real components run for real: skip locally with the reason, fail under CI."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} (CI installs it: see .ci/run)")
+    pytest.skip(what)
+
+
+class RedisServer:
+    """A redis-server child on 127.0.0.1; ``url(user, password)`` names it."""
+
+    def __init__(self, directory: Path):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir",
+             str(directory), "--save", "", "--appendonly", "no", "--daemonize", "no",
+             "--logfile", str(directory / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.admin = self._connect()
+
+    def _connect(self):
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                return client
+            except redis.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"redis-server did not start:\n{log}") from None
+                time.sleep(0.05)
+
+    def url(self, user: str | None = None, password: str | None = None, db: int = 0) -> str:
+        auth = f"{user}:{password}@" if user else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One real redis-server per test session (Debian's package; .ci/run installs it)."""
+    if shutil.which("redis-server") is None:
+        _missing("redis-server is not installed (apt-get install redis-server)")
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        _missing("the redis client is not installed (the 'shared' extra: make setup)")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """The session's server, emptied and with only the default user, for one test."""
+    redis_server.admin.flushall()
+    for user in redis_server.admin.acl_users():
+        if user not in (b"default", "default"):
+            redis_server.admin.acl_deluser(user)
+    return redis_server.url()
 
 
 @pytest.fixture

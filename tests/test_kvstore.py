@@ -1,4 +1,8 @@
-"""The chunk KV store: exact round trips, integrity, isolation, atomicity, eviction, gc."""
+"""The chunk KV store: exact round trips, integrity, isolation, atomicity, eviction, gc.
+
+Tests taking ``any_store`` run against both implementations: the local disk store and the
+shared store on a real redis-server (tests/conftest.py starts one per session).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import pytest
 import torch
 
 from codekv import kvstore
-from codekv.kvstore import KVEntry, KVKey, KVStore, LocalKVStore, token_hash
+from codekv.kvstore import KVEntry, KVKey, KVStore, LocalKVStore, encode_entry, token_hash
 
 LAYERS = 3
 
@@ -60,8 +64,51 @@ def store(tmp_path) -> LocalKVStore:
     return LocalKVStore(tmp_path / "kv")
 
 
+@pytest.fixture(params=["local", "redis"])
+def new_store(request, tmp_path):
+    """``make(max_bytes=None)`` -> an empty store of the parametrised kind."""
+
+    def make(max_bytes: int | None = None):
+        if request.param == "local":
+            return LocalKVStore(tmp_path / "kv", max_bytes=max_bytes)
+        from codekv.redisstore import RedisKVStore
+
+        return RedisKVStore(request.getfixturevalue("redis_url"), max_bytes=max_bytes)
+
+    return make
+
+
+@pytest.fixture
+def any_store(new_store):
+    return new_store()
+
+
+def read_raw(store, key: KVKey) -> bytes | None:
+    """The stored bytes of ``key``'s entry, whichever the store."""
+    if isinstance(store, LocalKVStore):
+        path = entry_path(store, key)
+        return path.read_bytes() if path.exists() else None
+    return store._client.get(store._entry_key(key))
+
+
+def write_raw(store, key: KVKey, data: bytes) -> None:
+    """Plant ``data`` as ``key``'s entry, bypassing the store (damage, copies, forgeries)."""
+    if isinstance(store, LocalKVStore):
+        path = entry_path(store, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    else:
+        store._client.set(store._entry_key(key), data)
+
+
+def entry_size() -> int:
+    """Bytes of one ``make_entry()`` value: a local file and a Redis value are those bytes."""
+    return len(encode_entry(make_key(), make_entry()))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_round_trip_is_exact(store, dtype):
+def test_round_trip_is_exact(any_store, dtype):
+    store = any_store
     key, entry = make_key(), make_entry(dtype)
     store.put(key, entry)
     got = store.get(key)
@@ -70,10 +117,11 @@ def test_round_trip_is_exact(store, dtype):
     assert store.contains(key)
     stats = store.stats()
     assert (stats.entries, stats.hits, stats.misses, stats.corrupt) == (1, 1, 0, 0)
-    assert stats.bytes == entry_path(store, key).stat().st_size
+    assert stats.bytes == len(read_raw(store, key))
 
 
-def test_views_into_a_larger_cache_round_trip(store):
+def test_views_into_a_larger_cache_round_trip(any_store):
+    store = any_store
     """Callers slice chunk KV out of a request cache; shared storage must not trip safetensors."""
     big = torch.randn(2, 3, 10, 8)  # [k/v, heads, tokens, dim]
     keys, values = [big[0, :, 2:6]] * 2, [big[1, :, 2:6]] * 2
@@ -83,14 +131,16 @@ def test_views_into_a_larger_cache_round_trip(store):
     assert torch.equal(got.keys[1], big[0, :, 2:6]) and torch.equal(got.values[0], big[1, :, 2:6])
 
 
-def test_miss(store):
+def test_miss(any_store):
+    store = any_store
     assert store.get(make_key()) is None
     assert not store.contains(make_key())
     stats = store.stats()
     assert (stats.entries, stats.bytes, stats.hits, stats.misses, stats.corrupt) == (0, 0, 0, 1, 0)
 
 
-def test_provenance_round_trip(store):
+def test_provenance_round_trip(any_store):
+    store = any_store
     provenance = {
         "repository": "/home/u/proj",
         "path": "src/ü.py",
@@ -159,14 +209,14 @@ def test_crash_before_replace_leaves_only_a_temp_file_that_gc_removes(store):
 
 
 @pytest.mark.parametrize("cut", [4, 60, -1])
-def test_truncated_file_is_corrupt_and_removed(store, cut):
+def test_truncated_file_is_corrupt_and_removed(any_store, cut):
+    store = any_store
     key = make_key()
     store.put(key, make_entry())
-    path = entry_path(store, key)
-    raw = path.read_bytes()
-    path.write_bytes(raw[:cut] if cut > 0 else raw[: len(raw) + cut])
+    raw = read_raw(store, key)
+    write_raw(store, key, raw[:cut] if cut > 0 else raw[: len(raw) + cut])
     assert store.get(key) is None
-    assert not path.exists()
+    assert read_raw(store, key) is None
     stats = store.stats()
     assert (stats.corrupt, stats.misses, stats.entries) == (1, 1, 0)
 
@@ -180,47 +230,42 @@ def _flip_provenance_byte(raw: bytes) -> int:
 
 
 @pytest.mark.parametrize("where", [_flip_tensor_byte, _flip_provenance_byte])
-def test_flipped_byte_is_corrupt_and_removed(store, where):
+def test_flipped_byte_is_corrupt_and_removed(any_store, where):
+    store = any_store
     key = make_key()
     store.put(key, make_entry())
-    path = entry_path(store, key)
-    raw = bytearray(path.read_bytes())
+    raw = bytearray(read_raw(store, key))
     raw[where(bytes(raw))] ^= 0x20
-    path.write_bytes(bytes(raw))
+    write_raw(store, key, bytes(raw))
     assert store.get(key) is None
-    assert not path.exists() and store.stats().corrupt == 1
+    assert read_raw(store, key) is None and store.stats().corrupt == 1
 
 
-def test_entry_copied_under_another_digest_is_never_used(store):
+def test_entry_copied_under_another_digest_is_never_used(any_store):
+    store = any_store
     a, b = make_key("c1"), make_key("c2")
     store.put(a, make_entry())
-    target = entry_path(store, b)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(entry_path(store, a).read_bytes())
+    write_raw(store, b, read_raw(store, a))
     assert store.get(b) is None
-    assert not target.exists() and store.stats().corrupt == 1
+    assert read_raw(store, b) is None and store.stats().corrupt == 1
     assert store.get(a) is not None  # the genuine entry is untouched
 
 
-def test_scopes_are_isolated(store):
+def test_scopes_are_isolated(any_store):
+    store = any_store
     a = make_key(scope="repo:aaaa")
     b = replace(a, scope="repo:bbbb")
     store.put(a, make_entry())
     assert store.get(b) is None and not store.contains(b)
-    # Even a file planted in scope B's directory under B's digest is rejected.
-    target = entry_path(store, b)
-    assert target.parent.parent != entry_path(store, a).parent.parent
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(entry_path(store, a).read_bytes())
+    # Even a value planted under scope B's name for B's digest is rejected.
+    write_raw(store, b, read_raw(store, a))
     assert store.get(b) is None
     assert store.get(a) is not None
 
 
-def test_lru_eviction_on_put(tmp_path):
-    probe = LocalKVStore(tmp_path / "probe")
-    probe.put(make_key("c0"), make_entry())
-    size = probe.stats().bytes
-    store = LocalKVStore(tmp_path / "kv", max_bytes=3 * size + size // 2)
+def test_lru_eviction_on_put(new_store):
+    size = entry_size()
+    store = new_store(max_bytes=3 * size + size // 2)
     keys = [make_key(f"c{i}") for i in range(1, 5)]
     for key in keys[:3]:
         store.put(key, make_entry())
@@ -233,21 +278,21 @@ def test_lru_eviction_on_put(tmp_path):
     assert store.stats().bytes <= store.max_bytes
 
 
-def test_evict_returns_removed_count_in_lru_order(store):
+def test_evict_returns_removed_count_in_lru_order(any_store):
+    store = any_store
     keys = [make_key(f"c{i}") for i in range(4)]
     for key in keys:
         store.put(key, make_entry())
     store.get(keys[1])
-    size = entry_path(store, keys[0]).stat().st_size
+    size = len(read_raw(store, keys[0]))
     assert store.evict(2 * size) == 2
     assert [store.contains(k) for k in keys] == [False, True, False, True]
     assert store.evict(0) == 2 and store.stats().entries == 0
 
 
-def test_entry_larger_than_the_limit_is_not_stored(tmp_path):
-    probe = LocalKVStore(tmp_path / "probe")
-    probe.put(make_key("c0"), make_entry(n_tokens=1))
-    store = LocalKVStore(tmp_path / "kv", max_bytes=2 * probe.stats().bytes)
+def test_entry_larger_than_the_limit_is_not_stored(new_store):
+    one_token = len(encode_entry(make_key("c0"), make_entry(n_tokens=1)))
+    store = new_store(max_bytes=2 * one_token)
     store.put(make_key("c0"), make_entry(n_tokens=1))
     assert store.contains(make_key("c0"))
     store.put(make_key("c1"), make_entry(n_tokens=100))
@@ -271,18 +316,21 @@ def test_gc_with_keep_predicate_and_leftovers(store):
     assert store.gc() == 0 and store.get(live) is not None
 
 
-def test_delete_scope(store):
+def test_delete_scope(any_store):
+    store = any_store
     a1, a2 = make_key("c1", "repo:aaaa"), make_key("c2", "repo:aaaa")
     b1 = make_key("c1", "repo:bbbb")
     for key in (a1, a2, b1):
         store.put(key, make_entry())
     assert store.delete_scope("repo:aaaa") == 2
     assert not store.contains(a1) and not store.contains(a2) and store.get(b1) is not None
-    assert not entry_path(store, a1).parent.parent.exists()
+    if isinstance(store, LocalKVStore):
+        assert not entry_path(store, a1).parent.parent.exists()
     assert store.delete_scope("repo:aaaa") == 0
 
 
-def test_invalid_entries_are_rejected_on_put(store):
+def test_invalid_entries_are_rejected_on_put(any_store):
+    store = any_store
     entry = make_entry()
     with pytest.raises(ValueError):
         store.put(make_key(), KVEntry(entry.keys, entry.values[:-1], {}))
@@ -290,7 +338,7 @@ def test_invalid_entries_are_rejected_on_put(store):
         store.put(make_key(), KVEntry([torch.zeros(3, 4)], [torch.zeros(3, 4)], {}))
     with pytest.raises(TypeError):
         store.put(make_key(), KVEntry(entry.keys, entry.values, {"bad": object()}))
-    assert files_under(store.root) == []
+    assert store.stats().entries == 0 and read_raw(store, make_key()) is None
 
 
 def test_token_hash_is_sha256_of_little_endian_int64():
@@ -315,5 +363,17 @@ def test_digest_covers_every_field_and_the_format_version(monkeypatch):
         KVKey("s", "m", "t", "c", 5)  # type: ignore[arg-type]
 
 
-def test_local_store_satisfies_the_protocol(store):
-    assert isinstance(store, KVStore)
+def test_stores_satisfy_the_protocol(any_store):
+    assert isinstance(any_store, KVStore)
+
+
+def test_gc_with_keep_predicate_and_unreadable_entries(any_store):
+    store = any_store
+    live, gone, junk = make_key("c1"), make_key("c2"), make_key("c3")
+    store.put(live, make_entry(path="a.py"))
+    store.put(gone, KVEntry(make_entry().keys, make_entry().values, {"path": "gone.py"}))
+    write_raw(store, junk, b"not a safetensors value")
+    assert store.gc(lambda prov: prov["path"] != "gone.py") == 2  # gone.py and the junk
+    assert store.contains(live) and not store.contains(gone) and not store.contains(junk)
+    assert store.stats().corrupt == 1
+    assert store.gc() == 0 and store.get(live) is not None

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from codekv.cli_types import StoreParam
+
 # Kept here so that ``codekv --help`` does not import torch; tests check they match the
 # evaluation's own lists.
 WORKLOAD_NAMES = ("code-qa", "rag", "tool-docs")
@@ -129,8 +131,9 @@ def canonical_command(config) -> str:
 @click.option("--reuse-tasks", type=int, default=None,
               help="Tasks per simulated agent session for the prefix-vs-composition reuse "
                    "estimate [20; --quick 8; 0 skips it].")
-@click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Chunk KV store to use (default: a temporary one, removed afterwards).")
+@click.option("--store", type=StoreParam(shared=True), default=None,
+              help="Chunk KV store to use: a directory, or redis://[user:password@]host:port/db "
+                   "or rediss://... (default: a temporary one, removed afterwards).")
 def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budgets,
                  pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens, model, quick,
                  json_path, write_gate, plots, min_tasks, reuse_tasks, store):
@@ -140,6 +143,7 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budg
     from codekv.eval.harness import EvalConfig, evaluate
     from codekv.eval.support import Thresholds, support_document, write_json
     from codekv.models import ModelLoadError
+    from codekv.stores import StoreSpecError
 
     options = dict(repo=repo, workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
                    ratios=_floats(ratios), strategies=_names(strategies),
@@ -156,7 +160,7 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budg
     console = Console(width=max(140, Console().width))  # the table needs room, even in a pipe
     try:
         result = _run_with_progress(config, evaluate)
-    except ModelLoadError as error:
+    except (ModelLoadError, StoreSpecError) as error:
         raise click.ClickException(str(error)) from error
     notes = list(result.notes)
     if plots:

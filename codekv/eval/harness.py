@@ -8,7 +8,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from codekv.eval import reuse, runner
 from codekv.eval.pruning import BUDGETS, PRUNING, RULES, unavailable
@@ -115,7 +114,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
     """Run the evaluation; ``status(text)`` for phases, ``progress(text, advance, total)``."""
     from codekv.compose import Composer
     from codekv.index import Index
-    from codekv.kvstore import LocalKVStore
+    from codekv.stores import open_kv_store
 
     started = time.perf_counter()
     load_start = _load()
@@ -174,14 +173,9 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         baseline_requests += min(config.pruning_tasks, n) * len(per_task)
         baseline_requests += min(config.peer_tasks, n) * len(peer_list)
     loads = [load_start]
-    temporary = None
-    if config.store:
-        store_dir = Path(config.store)
-    else:
-        temporary = tempfile.mkdtemp(prefix="codekv-eval-kv-")
-        store_dir = Path(temporary)
+    temporary = None if config.store else tempfile.mkdtemp(prefix="codekv-eval-kv-")
     try:
-        store = LocalKVStore(store_dir)
+        store = open_kv_store(config.store or temporary)
         composer = Composer(backend, index, store=store, scope=f"eval:{config.seed}",
                             experimental=True)
         total = len(tasks) * len(method_list) + baseline_requests

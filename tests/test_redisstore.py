@@ -1,0 +1,295 @@
+"""The shared chunk KV store on a real redis-server: keys, ACL scopes, failures, leases.
+
+The guarantees it shares with the local store (integrity, isolation, eviction, gc) are proven by
+tests/test_kvstore.py, which runs against both.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from codekv.kvstore import KVEntry, KVKey, LocalKVStore, decode_bytes, header_meta, token_hash
+
+pytest.importorskip("redis")  # the conftest fixture fails under CI when it is missing
+
+from redis.crc import key_slot  # noqa: E402
+from redis.exceptions import NoPermissionError  # noqa: E402
+
+from codekv.redisstore import (  # noqa: E402
+    RedisKVStore,
+    key_pattern,
+    public_url,
+    scope_tag,
+    scope_user_rules,
+)
+from codekv.stores import (  # noqa: E402
+    StoreSpecError,
+    StoreUnavailable,
+    TieredKVStore,
+    check_spec,
+    open_kv_store,
+)
+
+
+def make_key(chunk: str = "c1", scope: str = "repo:aaaa") -> KVKey:
+    return KVKey(scope, "model", "tok", chunk, token_hash([1, 2, 3]))
+
+
+def make_entry(seed: int = 0, n_tokens: int = 4) -> KVEntry:
+    gen = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(2, n_tokens, 8, generator=gen) for _ in range(2)]
+    values = [torch.randn(2, n_tokens, 8, generator=gen) for _ in range(2)]
+    return KVEntry(keys, values, {"path": "a.py", "seed": seed})
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+def test_keys_carry_the_scope_in_a_hash_tag(redis_url, redis_server):
+    store = RedisKVStore(redis_url)
+    key = make_key()
+    store.put(key, make_entry())
+    names = sorted(n.decode() for n in redis_server.admin.keys("*"))
+    assert names == [f"codekv:{{repo:aaaa}}:e:{key.digest()}", "codekv:{repo:aaaa}:lru"]
+    assert len({key_slot(n.encode()) for n in names}) == 1  # one Redis Cluster slot per scope
+    assert key_pattern("repo:aaaa") == "codekv:{repo:aaaa}:*"
+    # A scope with characters a key pattern would misread is named by its hash.
+    odd = "repo:/home/u/ü*[x]}"
+    assert scope_tag(odd).startswith("#") and len(scope_tag(odd)) == 65
+    assert scope_tag(odd) != scope_tag(odd + "x")
+
+
+def test_value_has_the_local_file_format(redis_url, redis_server, tmp_path):
+    key, entry = make_key(), make_entry()
+    local = LocalKVStore(tmp_path / "kv")
+    local.put(key, entry)
+    RedisKVStore(redis_url).put(key, entry)
+    value = redis_server.admin.get(f"codekv:{{repo:aaaa}}:e:{key.digest()}")
+    file = local._path(key).read_bytes()
+    assert len(value) == len(file) and header_meta(value) == header_meta(file)
+    for got in (decode_bytes(value, key), decode_bytes(file, key)):
+        assert all(torch.equal(g, w) for g, w in zip(got.keys + got.values,
+                                                     entry.keys + entry.values))
+
+
+def test_an_entry_is_never_overwritten(redis_url):
+    store = RedisKVStore(redis_url)
+    key = make_key()
+    store.put(key, make_entry(seed=1))
+    store.put(key, make_entry(seed=2))  # a racing writer of the same key: SET NX keeps the first
+    got = store.get(key)
+    assert got is not None and got.provenance["seed"] == 1
+
+
+# -- URLs -----------------------------------------------------------------------------------
+
+
+def test_reports_show_the_url_without_credentials():
+    assert public_url("redis://alice:s3cret@cache.internal:6380/2?socket_timeout=1") == (
+        "redis://cache.internal:6380/2"
+    )
+    assert public_url("rediss://h") == "rediss://h:6379/0"
+    store = open_kv_store("redis://alice:s3cret@127.0.0.1:6379/3")
+    assert store.url == "redis://127.0.0.1:6379/3" and "s3cret" not in repr(store)
+
+
+@pytest.mark.parametrize("spec", ["http://host:6379/0", "redis://host:port/0", "redis://",
+                                  "local,redis://h,redis://g", "redis://u:pw@host:x/0"])
+def test_bad_store_specs_are_errors(spec):
+    with pytest.raises(StoreSpecError) as error:
+        check_spec(spec)
+    assert ":pw@" not in str(error.value)
+
+
+def test_a_url_is_never_taken_for_a_directory(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for command in (["compose", "--chunk", "a.py", "--query", "q"], ["prefill"], ["gc"]):
+        result = CliRunner().invoke(main, [*command, "--store", "redis:/127.0.0.1:6379/0"])
+        assert result.exit_code == 2 and "not a Redis URL" in result.output  # a slash short
+        result = CliRunner().invoke(main, [*command, "--store", "htp://127.0.0.1:6379/0"])
+        assert result.exit_code == 2 and "not a Redis URL" in result.output
+    result = CliRunner().invoke(main, ["index", "--store", "redis://127.0.0.1:6379/0"])
+    assert result.exit_code == 2 and "the index needs a directory" in result.output
+    assert not any(p.name.startswith(("redis", "htp")) for p in tmp_path.rglob("*"))
+
+
+# -- failures: the request goes on without the shared store ------------------------------
+
+
+def test_unreachable_server_is_a_miss_with_a_reason_and_one_bounded_wait():
+    store = RedisKVStore(f"redis://127.0.0.1:{closed_port()}/0")
+    started = time.monotonic()
+    assert store.get(make_key()) is None
+    store.put(make_key(), make_entry())  # no raise: the caller keeps its KV
+    assert not store.contains(make_key())
+    for n in range(20):
+        assert store.get(make_key(f"c{n}")) is None
+    assert time.monotonic() - started < 5  # one connection attempt, then off for a while
+    assert "ConnectionError" in store.error and store.url in store.error
+    assert store.stats().entries == 0
+    with pytest.raises(StoreUnavailable):
+        store.gc()
+
+
+class FakeServer:
+    """Answers the client's handshake, then on GET either half-answers and hangs up (killed
+    mid-request) or never answers (a timeout)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            while data := conn.recv(65536):
+                if b"HELLO" in data:
+                    conn.sendall(b"%1\r\n+proto\r\n:3\r\n")
+                    continue
+                if b"GET" not in data:
+                    conn.sendall(b"+OK\r\n" * data.count(b"*"))
+                    continue
+                if self.mode == "killed":
+                    conn.sendall(b"$1000000\r\n" + b"x" * 1000)
+                    return
+                time.sleep(3)
+                return
+
+
+@pytest.mark.parametrize("mode", ["killed", "silent"])
+def test_server_dying_or_silent_mid_request(mode):
+    server = FakeServer(mode)
+    store = RedisKVStore(f"redis://127.0.0.1:{server.port}/0?socket_timeout=0.5")
+    started = time.monotonic()
+    assert store.get(make_key()) is None
+    assert time.monotonic() - started < 2.5
+    expected = "ConnectionError" if mode == "killed" else "TimeoutError"
+    assert expected in store.error
+
+
+def test_server_killed_then_requests_go_on(tmp_path, tiny_backend):
+    from conftest import RedisServer
+
+    from codekv.compose import Composer, Passage
+    from codekv.gate import SupportGate
+
+    server = RedisServer(tmp_path / "redis")
+    url = server.url()
+    try:
+        passages = [Passage("alpha beta gamma"), Passage("delta epsilon")]
+        local = LocalKVStore(tmp_path / "kv")
+        both = Composer(tiny_backend("llama"), store=TieredKVStore(local, RedisKVStore(url)),
+                        gate=SupportGate([], "test"), experimental=True)
+        first = both.compose(passages, "zeta?", strategy="all")
+        assert first.report.store_misses == 2 and first.report.store_error is None
+        server.process.kill()
+        server.process.wait()
+        # Shared store only: every chunk is prefilled again, the reason is reported.
+        alone = Composer(tiny_backend("llama"), store=url, gate=SupportGate([], "test"),
+                         experimental=True)
+        result = alone.compose(passages, "zeta?", strategy="all")
+        assert result.status == "composed"
+        assert (result.report.store_hits, result.report.store_misses) == (0, 2)
+        assert "ConnectionError" in result.report.store_error
+        assert result.report.store == url
+        assert torch.allclose(result.next_token_logits(), first.next_token_logits(), atol=1e-4)
+        # Local and shared: the local store still serves.
+        again = both.compose(passages, "zeta?", strategy="all")
+        assert (again.report.store_hits, again.report.store_misses) == (2, 0)
+        assert again.report.store == f"local,{url}"
+    finally:
+        server.stop()
+
+
+# -- scopes: ACL users limited to their key pattern ------------------------------------------
+
+
+def test_acl_user_of_scope_a_cannot_read_scope_b(redis_server, redis_url):
+    a, b = make_key(scope="repo:aaaa"), make_key(scope="repo:bbbb")
+    for user, scope in (("alice", "repo:aaaa"), ("bob", "repo:bbbb")):
+        redis_server.admin.acl_setuser(user, reset=True)  # then the documented rules:
+        redis_server.admin.execute_command("ACL", "SETUSER", user,
+                                           *scope_user_rules(f"pw-{user}", scope))
+    alice = RedisKVStore(redis_server.url("alice", "pw-alice"))
+    bob = RedisKVStore(redis_server.url("bob", "pw-bob"))
+    alice.put(a, make_entry(seed=1))
+    bob.put(b, make_entry(seed=2))
+    assert alice.error is None and bob.error is None
+    got = alice.get(a)
+    assert got is not None and got.provenance["seed"] == 1  # her own scope works, leases too
+    assert alice.get_or_lease(make_key("c9", "repo:aaaa")) is None and alice.error is None
+    assert alice.get(b) is None
+    assert "NOPERM" in alice.error and "'alice'" in alice.error and "repo:bbbb" in alice.error
+    with pytest.raises(NoPermissionError):  # not codekv's doing: the server refuses the read
+        alice._client.get(f"codekv:{{repo:bbbb}}:e:{b.digest()}")
+    with pytest.raises(NoPermissionError):  # nor may she list key names
+        alice._client.scan(0)
+    # Bob still reads his entry: alice's refusal changed nothing.
+    got = bob.get(b)
+    assert got is not None and got.provenance["seed"] == 2
+
+
+# -- concurrency: leases ---------------------------------------------------------------------
+
+WORKER = textwrap.dedent(
+    """
+    import random, sys, time, torch
+    from codekv.kvstore import KVEntry, KVKey, token_hash
+    from codekv.redisstore import RedisKVStore
+    url, seed = sys.argv[1], int(sys.argv[2])
+    store = RedisKVStore(url)
+    chunks = [f"c{i}" for i in range(6)]
+    random.Random(seed).shuffle(chunks)
+    for chunk in chunks:
+        key = KVKey("repo:aaaa", "model", "tok", chunk, token_hash([1]))
+        entry = store.get_or_lease(key)
+        if entry is None:  # this process computes the chunk
+            store._client.incr(f"test:computed:{chunk}")
+            time.sleep(0.3)
+            t = torch.full((2, 3, 4), float(int(chunk[1:])))
+            store.put(key, KVEntry([t], [t + 1], {"chunk": chunk}))
+        else:
+            assert entry.keys[0][0, 0, 0].item() == int(chunk[1:]), chunk
+    print(store.stats().hits, store.waited, store.error)
+    """
+)
+
+
+def test_concurrent_processes_compute_each_chunk_once(redis_url, redis_server):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, redis_url, str(seed)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for seed in range(4)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    computed = {n.decode(): int(redis_server.admin.get(n))
+                for n in redis_server.admin.keys("test:computed:*")}
+    assert computed == {f"test:computed:c{i}": 1 for i in range(6)}  # each chunk once
+    assert sum(int(out.split()[0]) for out, _ in outputs) == 4 * 6 - 6  # the others: hits
+    store = RedisKVStore(redis_url)
+    for i in range(6):
+        got = store.get(KVKey("repo:aaaa", "model", "tok", f"c{i}", token_hash([1])))
+        assert got is not None and got.keys[0][0, 0, 0].item() == i
+    assert not redis_server.admin.keys("codekv:*:lease:*")  # released on put
