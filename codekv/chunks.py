@@ -21,7 +21,7 @@ from typing import NamedTuple
 from codekv.grammars import LanguageSpec, definition_name
 
 # Bump when chunk boundaries or anchor rules change: it retires every stored chunk.
-CHUNKER_VERSION = "2"
+CHUNKER_VERSION = "3"
 DEFAULT_BUDGET = 512
 # Deeper nesting (of classes, namespaces, statements, preprocessor blocks) is not cut further:
 # the deep node stays whole in its chunk. A fixed depth, not Python's recursion limit, so
@@ -328,12 +328,17 @@ class Chunker:
             if self.fits(cuts[-1], stop):
                 continue
             cut = self._line_start(node.start_byte)
-            if cut > cuts[-1]:
+            if cut > cuts[-1] and self._worth_cutting(cuts[-1], cut):
                 cuts.append(cut)
             if not self.fits(cuts[-1], stop) and depth < MAX_DEPTH:
                 inner = _statements_inside(node)
                 if inner:
                     self._cut(inner, cuts, stop, depth + 1)
+
+    def _worth_cutting(self, start: int, cut: int) -> bool:
+        """A cut inside a line (a nested expression: `f(g(h(...` or minified code) is made only
+        after a quarter of the budget; else deep nesting would cut a piece per bracket."""
+        return self.source[cut - 1 : cut] == b"\n" or self.count(start, cut) >= self.budget // 4
 
     def _merge(self, ranges, owner: _Piece, out) -> None:
         """Merge consecutive small siblings into chunks of at most the budget."""
