@@ -98,7 +98,10 @@ def resolve(index: Index, item: str | Chunk) -> Target:
         return Target([item], item)
     address = parse(item, index.has_file, index.root)
     if address.chunk_id is not None:
-        chunk = index.chunk(address.chunk_id)
+        try:
+            chunk = index.chunk(address.chunk_id)
+        except KeyError as error:
+            raise AddressError(error.args[0]) from None
         return Target([chunk], chunk)
     chunks = index.chunks(address.path)
     if not chunks:

@@ -114,6 +114,8 @@ def test_a_split_definition_is_one_span_of_its_parts(index):
 
 
 def test_unknown_names_say_what_there_is(index):
+    with pytest.raises(AddressError, match="no chunk 0123456789abcdef01234567 in the index"):
+        index.resolve("0123456789abcdef01234567")
     with pytest.raises(AddressError, match=r"no chunk matches 'person.py::Person.gret'.*"
                                            r"did you mean Person.greet"):
         index.resolve("person.py::Person.gret")
