@@ -40,6 +40,9 @@ class Anchor(NamedTuple):
     name: str
     start_byte: int
     end_byte: int
+    # A ``use`` anchor's definition: the chunk id the def-use graph resolved the name to
+    # (``Index.anchors`` adds uses); None for the anchors analysis finds in one blob.
+    target: str | None = None
 
 
 @dataclass

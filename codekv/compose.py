@@ -135,16 +135,35 @@ class ExactPrefixCache:
             self.entries.popitem(last=False)
 
 
-@dataclass
-class _Piece:
+@dataclass(frozen=True)
+class RequestPiece:
     """A chunk of the request, tokenized, with its identity and anchors in token positions."""
 
     ids: list[int]
-    identity: str
+    identity: str  # what its stored KV is keyed by (with the token ids' hash)
     kind: str  # "code", "passage" or "tool-doc"
     chunk_id: str | None
     anchors: list[TokenAnchor]
     provenance: dict
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request's tokens: ``prefix_ids + pieces + query_ids``, tokenized once by
+    ``Composer.build_request`` so composition, full prefill and the evaluation's other methods
+    all see the same token sequence."""
+
+    prefix_ids: list[int]
+    pieces: list[RequestPiece]
+    query_ids: list[int]
+
+    @property
+    def context_ids(self) -> list[int]:
+        return self.prefix_ids + [t for piece in self.pieces for t in piece.ids]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.context_ids + self.query_ids
 
 
 class Composer:
@@ -196,8 +215,9 @@ class Composer:
         started = time.perf_counter()
         report = Report(strategy=strategy, ratio=ratio)
         selection = make_strategy(strategy)
-        prefix_ids, pieces, query_ids = self._tokens(chunks, query, prefix)
-        context_ids = prefix_ids + [t for piece in pieces for t in piece.ids]
+        request = self.build_request(chunks, query, prefix)
+        prefix_ids, pieces, query_ids = request.prefix_ids, request.pieces, request.query_ids
+        context_ids = request.context_ids
         report.prefix_tokens = len(prefix_ids)
         report.context_tokens = len(context_ids)
         report.query_tokens = len(query_ids)
@@ -240,21 +260,22 @@ class Composer:
     def full_prefill(self, chunks: list, query: str, prefix: str | None = None) -> ComposeResult:
         """The reference: full prefill of the same token sequence ``compose`` would build."""
         started = time.perf_counter()
-        prefix_ids, pieces, query_ids = self._tokens(chunks, query, prefix)
-        ids = prefix_ids + [t for p in pieces for t in p.ids]
+        request = self.build_request(chunks, query, prefix)
+        ids = request.context_ids
         report = Report(
-            status=FULL_PREFILL, strategy="full", total_tokens=len(ids) + len(query_ids),
-            context_tokens=len(ids), query_tokens=len(query_ids), prefix_tokens=len(prefix_ids),
-            recomputed_tokens=len(ids), recompute_ratio=1.0 if ids else 0.0,
+            status=FULL_PREFILL, strategy="full", total_tokens=len(request.token_ids),
+            context_tokens=len(ids), query_tokens=len(request.query_ids),
+            prefix_tokens=len(request.prefix_ids), recomputed_tokens=len(ids),
+            recompute_ratio=1.0 if ids else 0.0,
         )
-        state = self.backend.full_prefill(ids + query_ids)
+        state = self.backend.full_prefill(request.token_ids)
         return self._finish(state, report, started)
 
     def prefill(self, chunks: list, prefix: str | None = None) -> tuple[int, int]:
         """Fill the chunk store (for requests with ``prefix``); returns (computed, cached)."""
         prefix_ids = self.backend.tokenize(prefix) if prefix and self.chunks_after_prefix else []
         computed = cached = 0
-        for piece in self._pieces(chunks):
+        for piece in self.build_request(chunks).pieces:
             key = self._key(piece, prefix_ids)
             if self.store.contains(key):
                 cached += 1
@@ -263,8 +284,17 @@ class Composer:
             computed += 1
         return computed, cached
 
+    def build_request(self, chunks: list, query: str = "", prefix: str | None = None
+                      ) -> Request:
+        """The request ``prefix + chunks + query`` tokenized, each chunk with its identity and
+        anchors: what ``compose``, ``full_prefill`` and ``prefill`` run on (``chunks`` as for
+        ``compose``)."""
+        prefix_ids = self.backend.tokenize(prefix) if prefix else []
+        query_ids = self.backend.tokenize(query) if query else []
+        return Request(prefix_ids, [self._piece(item) for item in chunks], query_ids)
+
     # -- steps ---------------------------------------------------------------------------
-    def _refusal(self, pieces: list[_Piece], selection) -> str | None:
+    def _refusal(self, pieces: list[RequestPiece], selection) -> str | None:
         info = self.backend.info
         if info.unsupported:
             return f"unsupported: {info.unsupported}"
@@ -363,7 +393,7 @@ class Composer:
         report.timings = {k: round(v, 4) for k, v in report.timings.items()}
         return ComposeResult(report.status, report, state, self.backend)
 
-    def _key(self, piece: _Piece, prefix_ids: list[int]) -> KVKey:
+    def _key(self, piece: RequestPiece, prefix_ids: list[int]) -> KVKey:
         """A chunk's KV depends on what it was prefilled after: nothing, or the request's
         exact prefix (then its tokens never saw themselves start a sequence)."""
         info = self.backend.info
@@ -373,7 +403,8 @@ class Composer:
         return KVKey(self.scope, info.fingerprint, info.tokenizer_fingerprint, identity,
                      token_hash(piece.ids))
 
-    def _chunk_kv(self, piece: _Piece, key: KVKey, prefix_ids: list[int]) -> tuple[object, bool]:
+    def _chunk_kv(self, piece: RequestPiece, key: KVKey, prefix_ids: list[int]
+                  ) -> tuple[object, bool]:
         """The chunk's KV in the backend's form, and whether the store had it."""
         # A shared store lets one process compute a missing chunk while the others wait.
         entry = getattr(self.store, "get_or_lease", self.store.get)(key)
@@ -395,22 +426,13 @@ class Composer:
         return kv, False
 
     # -- request pieces ------------------------------------------------------------------
-    def _tokens(self, chunks: list, query: str, prefix: str | None):
-        """(prefix ids, chunk pieces, query ids): the one tokenization of a request, shared by
-        ``compose`` and ``full_prefill`` so both always see the same token sequence."""
-        prefix_ids = self.backend.tokenize(prefix) if prefix else []
-        return prefix_ids, self._pieces(chunks), self.backend.tokenize(query)
-
-    def _pieces(self, chunks: list) -> list[_Piece]:
-        return [self._piece(item) for item in chunks]
-
-    def _piece(self, item) -> _Piece:
+    def _piece(self, item) -> RequestPiece:
         if isinstance(item, Passage):
             text = item.text if item.text.endswith("\n") else item.text + "\n"
             ids = self.backend.tokenize(text + "\n")
             identity = "text:" + hashlib.sha256(text.encode()).hexdigest()
-            return _Piece(ids, identity, item.kind, None, [],
-                          {"kind": item.kind, "name": item.name})
+            return RequestPiece(ids, identity, item.kind, None, [],
+                                {"kind": item.kind, "name": item.name})
         chunk = self._resolve_chunk(item)
         return self._code_piece(chunk)
 
@@ -421,7 +443,7 @@ class Composer:
             raise ValueError(f"chunk {item!r} needs an index to resolve")
         return self.index.resolve(item)
 
-    def _code_piece(self, chunk: Chunk) -> _Piece:
+    def _code_piece(self, chunk: Chunk) -> RequestPiece:
         header = f"# {chunk.path}\n"
         code = self.index.text(chunk) if self.index is not None else None
         if code is None:
@@ -438,20 +460,13 @@ class Composer:
                 tokens = _tokens_in(offsets, start, end)
                 if tokens:
                     first, last = tokens
-                    target = self._use_target(chunk, anchor) if anchor.kind == "use" else None
                     anchors.append(TokenAnchor(anchor.kind, anchor.name, first,
-                                               min(last, first + ANCHOR_TOKENS), target))
+                                               min(last, first + ANCHOR_TOKENS), anchor.target))
         identity = f"chunk:{chunk.blob_hash}:{chunk.start_byte}:{chunk.end_byte}:{chunk.path}"
         provenance = {"kind": "code", "repository": getattr(self.index, "root", None),
                       "path": chunk.path, "blob": chunk.blob_hash, "chunk": chunk.id,
                       "name": chunk.qualname}
-        return _Piece(ids, identity, "code", chunk.id, anchors, provenance)
-
-    def _use_target(self, chunk: Chunk, anchor) -> str | None:
-        for use in self.index.uses(chunk):
-            if use.start_byte == anchor.start_byte and use.end_byte == anchor.end_byte:
-                return use.target
-        return None
+        return RequestPiece(ids, identity, "code", chunk.id, anchors, provenance)
 
 
 def query_probe_layers(n_layers: int) -> tuple[int, ...]:

@@ -374,7 +374,8 @@ class Index:
 
     def anchors(self, chunk: Chunk) -> list[Anchor]:
         """The chunk's static anchors plus its ``use`` anchors from the def-use graph."""
-        uses = [Anchor("use", u.name, u.start_byte, u.end_byte) for u in self.uses(chunk)]
+        uses = [Anchor("use", u.name, u.start_byte, u.end_byte, u.target)
+                for u in self.uses(chunk)]
         return sorted(chunk.anchors + uses, key=lambda a: (a.start_byte, a.end_byte, a.kind))
 
     def depends_on(self, item: str | Chunk) -> list[Chunk]:

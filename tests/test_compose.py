@@ -383,7 +383,7 @@ def test_code_chunks_from_an_index(tiny_backend, git_repo, tmp_path):
     composer = Composer(backend, index=index, store=LocalKVStore(tmp_path / "kv"),
                         gate=SupportGate([], "test"), experimental=True)
     assert composer.scope == default_scope(index)
-    alpha, gamma = composer._pieces(["a.py::alpha", "b.py::gamma"])
+    alpha, gamma = composer.build_request(["a.py::alpha", "b.py::gamma"]).pieces
     use = next(a for a in gamma.anchors if a.kind == "use")
     assert use.target == alpha.chunk_id
     assert backend.detokenize(gamma.ids[use.start : use.end]) == "alpha"
@@ -393,6 +393,18 @@ def test_code_chunks_from_an_index(tiny_backend, git_repo, tmp_path):
     anchored = composer.compose(chunks, "What does gamma return?", strategy="anchors", ratio=0.3)
     assert anchored.status == COMPOSED and anchored.report.chunk_hits == 2
     assert 0 < anchored.report.recomputed_tokens <= round(0.3 * anchored.report.context_tokens)
+
+
+def test_a_request_is_the_token_sequence_full_prefill_runs(tiny_backend, tmp_path):
+    composer = make_composer(tiny_backend("llama"), tmp_path)
+    request = composer.build_request([A, B], QUERY, prefix=PREFIX)
+    tokenize = composer.backend.tokenize
+    assert request.prefix_ids == tokenize(PREFIX) and request.query_ids == tokenize(QUERY)
+    assert [p.kind for p in request.pieces] == ["passage", "passage"]
+    assert request.pieces[0].ids == tokenize(A.text + "\n")  # a passage ends in a blank line
+    assert request.pieces[0].identity != request.pieces[1].identity
+    assert request.token_ids == composer.full_prefill([A, B], QUERY, prefix=PREFIX).token_ids
+    assert composer.build_request([B]).token_ids == request.pieces[1].ids  # no query, no prefix
 
 
 @pytest.mark.parametrize("family", ["llama", "phi"])

@@ -94,6 +94,14 @@ def test_anchors_include_uses(index):
     assert ("use", "helper") in kinds and ("call", "helper") in kinds and ("def", "run") in kinds
 
 
+def test_use_anchors_carry_the_chunk_they_resolve_to(index):
+    """The definition a use resolves to rides on its anchor; static anchors have none."""
+    run, helper = _one(index, "app.py", "run"), _one(index, "util.py", "helper")
+    targets = {(a.kind, a.name): a.target for a in index.anchors(run)}
+    assert targets[("use", "helper")] == helper.id
+    assert targets[("call", "helper")] is None and targets[("def", "run")] is None
+
+
 def test_relative_imports_resolve_from_the_importer():
     resolver = ModuleResolver(dict.fromkeys(FILES))
     assert resolver.resolve("pkg/deep.py", "python", "..util") == ["util.py"]

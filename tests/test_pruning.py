@@ -56,8 +56,7 @@ def kept_positions(full_keys: torch.Tensor, keys: torch.Tensor) -> list[list[int
 
 
 def context_keys(composer, chunks=CONTEXT) -> tuple[list[int], list[torch.Tensor]]:
-    _, pieces, _ = composer._tokens(chunks, QUERY, None)
-    ids = [t for p in pieces for t in p.ids]
+    ids = composer.build_request(chunks).context_ids
     state = composer.backend.full_prefill(ids)
     return ids, [layer.keys for layer in state.cache.layers]
 
@@ -164,7 +163,7 @@ def code_composer(tiny_backend, git_repo, tmp_path):
 
 def test_anchor_tiers_are_the_chunks_anchor_tokens(code_composer):
     chunks = ["util.py::helper", "app.py::run"]
-    _, pieces, _ = code_composer._tokens(chunks, ANCHOR_QUERY, None)
+    pieces = code_composer.build_request(chunks, ANCHOR_QUERY).pieces
     anchors = pruning.anchor_tiers(0, pieces, ANCHOR_QUERY)
     offsets = [0, len(pieces[0].ids)]
     spans = {(a.kind, a.name, off + a.start, off + a.end)
@@ -185,7 +184,7 @@ def test_anchor_preserving_keeps_every_anchor_that_fits(code_composer):
     """Tiers: the attention sinks (first 4) and SnapKV's window (last n // 8) above the key
     anchors above every other anchor above the rest."""
     chunks = ["util.py::helper", "app.py::run", "util.py::helper"]
-    _, pieces, _ = code_composer._tokens(chunks, ANCHOR_QUERY, None)
+    pieces = code_composer.build_request(chunks, ANCHOR_QUERY).pieces
     anchors = pruning.anchor_tiers(0, pieces, ANCHOR_QUERY)
     n = sum(len(p.ids) for p in pieces)
     protected = set(range(4)) | set(range(n - n // 8, n))

@@ -277,11 +277,11 @@ def run(composer, chunks: list, query: str, methods: list) -> Iterator:
     ``(method, Pruned)``. Methods needing anchors are left out for requests without any."""
     kvpress = load()
     t0 = time.perf_counter()
-    prefix_ids, pieces, query_ids = composer._tokens(chunks, query, None)
-    context_ids = prefix_ids + [t for piece in pieces for t in piece.ids]
+    request = composer.build_request(chunks, query)
+    context_ids, query_ids = request.context_ids, request.query_ids
     tokenize_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    anchors = anchor_tiers(len(prefix_ids), pieces, query)
+    anchors = anchor_tiers(len(request.prefix_ids), request.pieces, query)
     anchors_s = time.perf_counter() - t0
     n = len(context_ids)
     presses, attention, extra = {}, set(), {}

@@ -186,10 +186,10 @@ def run_task(composer: Composer, task: Task, method_list: list[Method],
             measure.kv_bytes, measure.full_kv_bytes = result.kv_bytes, result.full_kv_bytes
             del result
     if peer_list:
-        _, pieces, query_ids = composer._tokens(task.context, task.query, None)
+        request = composer.build_request(task.context, task.query)
         for method in peer_list:
-            result = peer_runner.run([p.ids for p in pieces], query_ids, method.strategy,
-                                     method.ratio)
+            result = peer_runner.run([p.ids for p in request.pieces], request.query_ids,
+                                     method.strategy, method.ratio)
             measure = scored(method, result)
             measure.kind = "peer"
             measure.kv_bytes = measure.full_kv_bytes = context_bytes
