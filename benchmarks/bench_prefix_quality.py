@@ -33,6 +33,7 @@ def main() -> int:
 
     from codekv.compose import Composer
     from codekv.eval import reuse, runner, workloads
+    from codekv.eval.methods import Method
     from codekv.index import Index
     from codekv.kvstore import LocalKVStore
     from codekv.models import load_backend
@@ -41,7 +42,7 @@ def main() -> int:
     backend = load_backend()
     index = Index(make_stdlib_repo())
     index.update()
-    methods = [runner.Method(name, ratio) for name, ratio in METHODS]
+    methods = [Method(name, ratio) for name, ratio in METHODS]
     runner.warm_up(backend)
     print(f"prefix: the reuse simulation's system prompt "
           f"({len(backend.tokenize(reuse.SYSTEM_PROMPT))} tokens); mean over tasks")
@@ -55,7 +56,7 @@ def main() -> int:
             composer = Composer(backend, index, store, experimental=True,
                                 chunks_after_prefix=after)
             measures = [m for task in tasks for m in runner.run_task(
-                composer, task, methods, prefix=reuse.SYSTEM_PROMPT)]
+                composer, task, [runner.Composition(methods)], prefix=reuse.SYSTEM_PROMPT)]
             for method in methods:
                 mine = [m for m in measures if m.method == method.label]
                 print(f"{workload:10} {'after prefix' if after else 'from position 0':16} "

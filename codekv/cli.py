@@ -15,6 +15,7 @@ from rich.table import Table
 from codekv.chunks import DEFAULT_BUDGET
 from codekv.cli_types import StoreParam
 from codekv.gitrepo import NotARepositoryError
+from codekv.selection import STRATEGIES
 from codekv.storage import CorruptIndexError
 
 console = Console()
@@ -247,8 +248,7 @@ def _composer(repo, store, model, experimental):
 @click.option("--query", required=True, help="The question or instruction after the chunks.")
 @click.option("--prefix", default=None, help="Exact prefix (system prompt, tool docs).")
 @click.option("--strategy", default="anchors", show_default=True,
-              type=click.Choice(["none", "none-norope", "boundary", "deviation", "anchors",
-                                 "hybrid", "all"]))
+              type=click.Choice(list(STRATEGIES)))
 @click.option("--ratio", default=0.15, show_default=True, help="Share of tokens to recompute.")
 @click.option("--max-new-tokens", default=48, show_default=True)
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")

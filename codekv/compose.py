@@ -24,15 +24,13 @@ import torch
 from codekv import paths
 from codekv.backends import Backend, RequestState, UnsupportedModel
 from codekv.chunks import Chunk
-from codekv.gate import SupportGate
+from codekv.gate import WORKLOADS, SupportGate
 from codekv.kvstore import KVKey, KVStore, LocalKVStore, token_hash
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
 from codekv.stores import STORE_ENV, describe, open_kv_store
 
 EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
-# Workloads the gate knows, by what a request's chunks are.
-WORKLOADS = {"code": "code-qa", "passage": "rag", "tool-doc": "tool-docs"}
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

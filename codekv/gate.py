@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
+# The workloads the gate rules on, by what a request's chunks are.
+WORKLOADS = {"code": "code-qa", "passage": "rag", "tool-doc": "tool-docs"}
 
 
 @dataclass(frozen=True)

@@ -323,3 +323,12 @@ def test_gc_keeps_blobs_of_the_budget_it_is_given(repo, store):
     assert index_json(repo, store, "--budget", 256)["parsed"] == 0
     assert "removed 2 " in cli("gc", repo.root, "--store", store).stdout
     assert index_json(repo, store, "--budget", 256)["parsed"] == 2
+
+
+def test_the_command_line_does_not_load_torch():
+    """``codekv --help`` and the name registries stay fast: no torch until a model is used."""
+    code = ("import sys, codekv.cli, codekv.selection, codekv.eval.methods; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"

@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from codekv.compose import Composer, Passage
-from codekv.eval import command, markdown, peer, pruning, reuse, runner, workloads
+from codekv.eval import command, markdown, methods, peer, pruning, reuse, runner, workloads
+from codekv.eval.methods import Method
 from codekv.eval.results import ROW_KEYS, aggregate
-from codekv.eval.runner import Measure, Method
+from codekv.eval.runner import Measure
 from codekv.eval.support import (
     Thresholds,
     failures,
@@ -26,6 +27,7 @@ from codekv.eval.tooldocs import COLUMNS, parse_options, tool_docs
 from codekv.gate import SupportGate
 from codekv.index import Index
 from codekv.kvstore import LocalKVStore
+from codekv.selection import STRATEGIES
 from codekv.stdlib_repo import stdlib_dir
 
 STDLIB_FILES = ("fnmatch.py", "genericpath.py", "glob.py", "posixpath.py", "shlex.py")
@@ -251,14 +253,25 @@ def test_shipped_support_file_is_a_generated_document():
 
 # -- metrics and schema ----------------------------------------------------------------------
 def test_methods_use_ratios_only_where_they_mean_something():
-    labels = [m.label for m in runner.methods(("none", "boundary", "hybrid"), (0.0, 0.1, 0.25))]
+    composed = methods.composition_methods(("none", "boundary", "hybrid"), (0.0, 0.1, 0.25))
+    labels = [m.label for m in composed]
     assert labels == ["none", "boundary@0.1", "boundary@0.25", "hybrid@0.1", "hybrid@0.25"]
-    assert command.WORKLOAD_NAMES == workloads.WORKLOADS
-    assert command.STRATEGY_NAMES == runner.STRATEGIES
-    assert command.PRUNING_NAMES == pruning.PRUNING
-    pruned = runner.pruning_methods(("snapkv", "h2o"), (0.25, 0.5))
+    pruned = methods.pruning_methods(("snapkv", "h2o"), (0.25, 0.5))
     assert [m.label for m in pruned] == ["snapkv@kv0.25", "snapkv@kv0.5", "h2o@kv0.25",
                                          "h2o@kv0.5"]
+    assert [m.label for m in methods.peer_methods(ratio=0.2)] == ["kvboost@0.2",
+                                                                  "kvboost-passage@0.2"]
+
+
+def test_evaluated_strategies_come_from_the_selection_registry():
+    """Every registered strategy is evaluated except the one that is full prefill at a
+    higher cost; the gate may pick all of those but the baseline without re-positioning."""
+    assert set(methods.STRATEGIES) == set(STRATEGIES) - {"all"}
+    assert set(methods.GATE_STRATEGIES) == set(STRATEGIES) - {"all", "none-norope"}
+    assert {m.strategy for m in methods.composition_methods()} == set(methods.STRATEGIES)
+    assert command._names("none,hybrid") == ("none", "hybrid")
+    with pytest.raises(click.BadParameter, match="unknown strategies"):
+        command._names("none,all")
 
 
 def test_the_command_reproduces_the_pruning_choice():
@@ -288,9 +301,15 @@ def test_recomputing_everything_measures_as_full_prefill(tiny_backend, tmp_path)
                Passage("the quick brown fox jumps", "b"),
                Passage("class Stack:\n    def push(self, item):\n        pass\n", "c")]
     task = workloads.Task("rag", "t0", "quote", context, "def push(", "self, item)", "c")
-    measures = runner.run_task(composer, task, [Method("all", 1.0), Method("none")])
+    measures = runner.run_task(composer, task,
+                               [runner.Composition([Method("all", 1.0), Method("none")])])
     full, everything, none = measures
-    assert full.method == "full" and full.delta_nll == 0 and full.agreement == 1
+    # Full prefill is scored like every method: its NLL is the backend's own score of the
+    # answer after the request, and greedy decoding agrees with its teacher-forced top-1.
+    alone = backend.full_prefill(composer.build_request(context, task.query).token_ids)
+    assert (full.method, full.kind) == ("full", "reference")
+    assert full.nll == pytest.approx(backend.score(alone, backend.tokenize(task.answer)), abs=1e-5)
+    assert abs(full.delta_nll) < 1e-6 and full.agreement == 1 and full.greedy_match
     assert everything.status == "composed" and everything.recompute_ratio == 1.0
     assert abs(everything.delta_nll) < 1e-4 and everything.kl < 1e-6
     assert everything.agreement == 1.0 and everything.greedy_match
@@ -307,9 +326,8 @@ def test_peer_methods_run_on_the_same_tokens(tiny_backend, tmp_path):
     context = [Passage("def area(w, h):\n    return w * h\n" * 6, "a"),
                Passage("the quick brown fox jumps over the lazy dog\n" * 6, "b")]
     task = workloads.Task("rag", "t0", "quote", context, "def push(", "self, item)", "b")
-    runner_ = peer.KVBoostRunner(backend)
-    full, passage = runner.run_task(composer, task, [], peer_list=[
-        Method("kvboost-passage", 0.15)], peer_runner=runner_)
+    full, passage = runner.run_task(composer, task, [peer.Peers(
+        methods.peer_methods(("kvboost-passage",), 0.15))])
     assert (passage.kind, passage.status, passage.method) == ("peer", "peer",
                                                               "kvboost-passage@0.15")
     assert passage.context_tokens == full.context_tokens
@@ -324,7 +342,7 @@ def test_the_command_reproduces_peers_and_throughput():
     assert "--peers kvboost,kvboost-passage --peer-tasks 4 --throughput-tasks 12 " in default
     without = command.canonical_command(EvalConfig(peers=(), throughput_tasks=0))
     assert "--peers none --throughput-tasks 0 " in without and "--peer-tasks" not in without
-    assert command._peers("none") == () and command.PEER_NAMES == peer.VARIANTS
+    assert command._peers("none") == () and command._peers("kvboost") == ("kvboost",)
 
 
 def _measure(method, delta, ttft, workload="rag", task="t", status="composed"):
@@ -370,7 +388,10 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     assert kvboost["kind"] == "peer" and kvboost["context_tokens"] == full["context_tokens"]
     assert "kvboost-passage@0.15" in markdown.peer_table(data)
     assert "kvboost" not in markdown.results_tables(data)
-    assert full["delta_nll"] == 0 and full["agreement"] == 1
+    # Full prefill is scored like every method (a check of the scoring); deltas are from it.
+    assert abs(full["delta_nll"]) < 1e-6 and full["agreement"] == 1 and full["nll"] > 0
+    for row in (none, hybrid, snapkv, pyramid, kvboost):
+        assert row["delta_nll"] == pytest.approx(row["nll"] - full["nll"])
     assert none["recompute_ratio"] == 0 and 0.1 <= hybrid["recompute_ratio"] <= 0.2
     assert all(r["ttft_s"] > 0 and r["context_tokens"] > 200 for r in data["results"])
     assert [r["kind"] for r in data["results"]] == ["reference", "composition", "composition",

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from codekv.eval import peer
+from codekv.eval.methods import PEERS
 
 pytestmark = pytest.mark.skipif(peer.available() is not None, reason=str(peer.available()))
 
@@ -35,7 +36,7 @@ def kvboost_first_logits(runner, ids: list[int]) -> torch.Tensor:
     return torch.as_tensor(result.first_token_logits).float()
 
 
-@pytest.mark.parametrize("variant", peer.VARIANTS)
+@pytest.mark.parametrize("variant", PEERS)
 def test_state_matches_kvboost_generate(runner, variant):
     pieces = [token_ids(140, 1), token_ids(60, 2), token_ids(150, 3)]
     query = token_ids(9, 4)

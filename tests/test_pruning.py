@@ -13,7 +13,7 @@ import codekv.index
 import codekv.tokens
 from codekv.compose import Composer, Passage
 from codekv.eval import pruning, runner, support, workloads
-from codekv.eval.runner import Method
+from codekv.eval.methods import Method
 from codekv.index import Index
 from codekv.kvstore import LocalKVStore
 from codekv.tokens import CounterSpec
@@ -40,6 +40,11 @@ CONTEXT = [Passage(TEXT, "a"), Passage(TEXT[::-1], "b"), Passage(TEXT.upper(), "
 QUERY = "the area of a"
 
 
+def kv(rule: str, budget: float) -> Method:
+    """A pruning method keeping ``budget`` of the context KV."""
+    return Method(rule, budget, "pruning")
+
+
 def pruned(composer, methods, chunks=CONTEXT, query=QUERY) -> dict:
     return dict(pruning.run(composer, chunks, query, methods))
 
@@ -62,7 +67,7 @@ def context_keys(composer, chunks=CONTEXT) -> tuple[list[int], list[torch.Tensor
 
 
 def test_budget_one_is_full_prefill(composer):
-    methods = [Method(name, 1.0) for name in ("snapkv", "streamingllm", "h2o", "pyramidkv")]
+    methods = [kv(name, 1.0) for name in ("snapkv", "streamingllm", "h2o", "pyramidkv")]
     results = pruned(composer, methods)
     full = composer.full_prefill(CONTEXT, QUERY)
     assert set(results) == set(methods)
@@ -76,7 +81,7 @@ def test_budget_one_is_full_prefill(composer):
 
 @pytest.mark.parametrize("budget", [0.25, 0.5])
 def test_a_budget_keeps_that_many_entries_per_layer(composer, budget):
-    methods = [Method(name, budget) for name in ("snapkv", "streamingllm", "h2o", "pyramidkv")]
+    methods = [kv(name, budget) for name in ("snapkv", "streamingllm", "h2o", "pyramidkv")]
     results = pruned(composer, methods)
     n = results[methods[0]].report.context_tokens
     q = results[methods[0]].report.query_tokens
@@ -91,7 +96,7 @@ def test_a_budget_keeps_that_many_entries_per_layer(composer, budget):
 
 
 def test_streamingllm_keeps_the_sinks_and_the_last_tokens(composer):
-    [result] = pruned(composer, [Method("streamingllm", 0.25)]).values()
+    [result] = pruned(composer, [kv("streamingllm", 0.25)]).values()
     ids, full_keys = context_keys(composer)
     n, m = len(ids), int(len(ids) * 0.25)
     for layer, keys in enumerate(full_keys):
@@ -105,7 +110,7 @@ def test_shared_prefill_keeps_what_the_press_keeps_alone(composer, name):
     """kvpress's own context manager (eager attention for H2O, which needs the weights)."""
     from conftest import tiny_model
 
-    [result] = pruned(composer, [Method(name, 0.5)]).values()
+    [result] = pruned(composer, [kv(name, 0.5)]).values()
     ids, full_keys = context_keys(composer)
     model = tiny_model("llama")
     if name == "h2o":
@@ -126,8 +131,8 @@ def test_scoring_a_ragged_pruned_state_is_exact_and_leaves_it_unchanged(composer
     """PyramidKV keeps a different number of entries per layer: appending several tokens at
     once must equal appending them one by one, and scoring must restore the state."""
     backend = composer.backend
-    [first] = pruned(composer, [Method("pyramidkv", 0.25)]).values()
-    [again] = pruned(composer, [Method("pyramidkv", 0.25)]).values()
+    [first] = pruned(composer, [kv("pyramidkv", 0.25)]).values()
+    [again] = pruned(composer, [kv("pyramidkv", 0.25)]).values()
     lengths = [layer.keys.shape[2] for layer in first.state.cache.layers]
     assert len(set(lengths)) > 1
     answer = backend.tokenize(" rectangle as width")
@@ -193,8 +198,8 @@ def test_anchor_preserving_keeps_every_anchor_that_fits(code_composer):
     roomy = (len(everything) + 8) / n  # every anchor fits, with 8 positions to spare
     tight = len(protected | set(anchors.key)) / n + 1e-9  # only the key anchors fit
     assert len(anchors.key) < len(anchors.every) and len(everything) + 8 < n
-    results = pruned(code_composer, [Method("anchor-preserving", roomy),
-                                      Method("anchor-preserving", tight)], chunks, ANCHOR_QUERY)
+    results = pruned(code_composer, [kv("anchor-preserving", roomy),
+                                      kv("anchor-preserving", tight)], chunks, ANCHOR_QUERY)
     for (method, result), wanted in zip(results.items(), (everything,
                                                           protected | set(anchors.key))):
         m = int(n * method.ratio)
@@ -205,14 +210,15 @@ def test_anchor_preserving_keeps_every_anchor_that_fits(code_composer):
                 if method.ratio == tight:
                     assert set(head) == wanted
     # Without anchors (passages) the rule is not run: it would be snapkv.
-    assert not pruned(code_composer, [Method("anchor-preserving", 0.5)])
+    assert not pruned(code_composer, [kv("anchor-preserving", 0.5)])
 
 
 # -- evaluation ------------------------------------------------------------------------------
 def test_pruning_measures_are_scored_like_every_method(composer):
     task = workloads.Task("rag", "t0", "quote", CONTEXT, QUERY, " rectangle as width", "a")
-    measures = runner.run_task(composer, task, [Method("none")],
-                               pruning_list=[Method("snapkv", 1.0), Method("snapkv", 0.25)])
+    measures = runner.run_task(composer, task, [
+        runner.Composition([Method("none")]),
+        pruning.Pruning([kv("snapkv", 1.0), kv("snapkv", 0.25)])])
     full, none, whole, quarter = measures
     assert [m.kind for m in measures] == ["reference", "composition", "pruning", "pruning"]
     assert (whole.method, quarter.method) == ("snapkv@kv1", "snapkv@kv0.25")

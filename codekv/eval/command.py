@@ -9,13 +9,8 @@ import click
 from rich.console import Console
 
 from codekv.cli_types import StoreParam
-
-# Kept here so that ``codekv --help`` does not import torch; tests check they match the
-# evaluation's own lists.
-WORKLOAD_NAMES = ("code-qa", "rag", "tool-docs")
-STRATEGY_NAMES = ("none", "none-norope", "boundary", "deviation", "anchors", "hybrid")
-PRUNING_NAMES = ("snapkv", "streamingllm", "h2o", "pyramidkv", "anchor-preserving")
-PEER_NAMES = ("kvboost", "kvboost-passage")
+from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES
+from codekv.gate import WORKLOADS
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -30,7 +25,7 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
     return values
 
 
-def _names(text: str | None, choices=STRATEGY_NAMES, what="strategies") -> tuple[str, ...] | None:
+def _names(text: str | None, choices=STRATEGIES, what="strategies") -> tuple[str, ...] | None:
     if text is None:
         return None
     names = tuple(v.strip() for v in text.split(",") if v.strip())
@@ -43,13 +38,13 @@ def _names(text: str | None, choices=STRATEGY_NAMES, what="strategies") -> tuple
 def _pruning(text: str | None) -> tuple[str, ...] | None:
     if text is not None and text.strip() == "none":
         return ()
-    return _names(text, PRUNING_NAMES, "pruning methods")
+    return _names(text, PRUNING_RULES, "pruning methods")
 
 
 def _peers(text: str | None) -> tuple[str, ...] | None:
     if text is not None and text.strip() == "none":
         return ()
-    return _names(text, PEER_NAMES, "peer methods")
+    return _names(text, PEERS, "peer methods")
 
 
 def _budgets(text: str | None) -> tuple[float, ...] | None:
@@ -67,7 +62,7 @@ def canonical_command(config) -> str:
     if config.repo:
         parts += ["--repo", config.repo]
     for workload in config.workloads:
-        if tuple(config.workloads) != WORKLOAD_NAMES:
+        if tuple(config.workloads) != tuple(WORKLOADS.values()):
             parts += ["--workload", workload]
     parts += ["--tasks", str(config.tasks), "--seed", str(config.seed),
               "--context-tokens", str(config.context_tokens),
@@ -91,17 +86,17 @@ def canonical_command(config) -> str:
 @click.option("--repo", default=None,
               help="Git repository for code-qa (default: the standard library; --quick: a few "
                    "of its modules).")
-@click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOAD_NAMES),
+@click.option("--workload", "workloads", multiple=True, type=click.Choice(list(WORKLOADS.values())),
               help="Workloads to run (default: all).")
 @click.option("--tasks", type=int, default=None, help="Tasks per workload [12; --quick 2].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ratios", default=None,
               help="Recompute ratios, comma-separated [0,0.05,0.1,0.15,0.25; --quick 0.15].")
 @click.option("--strategies", default=None,
-              help="Strategies, comma-separated [" + ",".join(STRATEGY_NAMES) + "].")
+              help="Strategies, comma-separated [" + ",".join(STRATEGIES) + "].")
 @click.option("--pruning", default=None,
               help="KV pruning baselines (kvpress), comma-separated, or 'none' ["
-                   + ",".join(PRUNING_NAMES) + "].")
+                   + ",".join(PRUNING_RULES) + "].")
 @click.option("--budgets", default=None,
               help="KV budgets for pruning: the share of context KV kept [0.25,0.5; --quick 0.5].")
 @click.option("--pruning-tasks", type=int, default=None,
@@ -109,7 +104,7 @@ def canonical_command(config) -> str:
                    "prefill) [4; --quick 2].")
 @click.option("--peers", default=None,
               help="The peer library's variants (kvboost), comma-separated, or 'none' ["
-                   + ",".join(PEER_NAMES) + "].")
+                   + ",".join(PEERS) + "].")
 @click.option("--peer-tasks", type=int, default=None,
               help="Run the peer library on the first N tasks of each workload [4; --quick 1].")
 @click.option("--throughput-tasks", type=int, default=None,

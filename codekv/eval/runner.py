@@ -1,8 +1,9 @@
 """Run the methods on the same token sequences and measure them against full prefill.
 
-Per task: the chunk store is filled first (untimed), so every composed TTFT is cache-warm and
-includes reading the store; full prefill of the same tokens is the reference. Each method's
-request state is then scored teacher-forced, which gives in one pass per continuation:
+Per task: full prefill of the same tokens is the reference; then each kind of method - a
+``MethodRunner``: ``Composition`` here, ``pruning.Pruning``, ``peer.Peers`` - yields a request
+state per method. Every state (full prefill's too, which checks the scoring) is scored
+teacher-forced, which gives in one pass per continuation:
 
 - the answer's mean NLL (nats/token) and its difference from full prefill's;
 - exact match: greedy decoding would reproduce the answer's tokens (every position's argmax
@@ -16,54 +17,55 @@ request state is then scored teacher-forced, which gives in one pass per continu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from codekv.compose import COMPOSED, Composer
-from codekv.eval import pruning
+from codekv.compose import Composer
+from codekv.eval.methods import REFERENCE, Method
 from codekv.eval.workloads import Task
 
-STRATEGIES = ("none", "none-norope", "boundary", "deviation", "anchors", "hybrid")
-RATIOS = (0.0, 0.05, 0.10, 0.15, 0.25)
-RATIO_FREE = ("none", "none-norope")  # recompute nothing whatever the ratio
-FULL = "full"
+
+class MethodRunner(Protocol):
+    """One kind of method - codekv's composition, KV pruning, a peer library - run on a task.
+
+    ``results`` yields one result per method, shaped like a ``ComposeResult`` (``status``,
+    ``report``, ``state``); one holding less context KV than full prefill also has
+    ``kv_bytes`` and ``full_kv_bytes``. A kind's methods run together because they share work
+    on a task (pruning: one context prefill; a peer: its engine). ``prefix`` (a system prompt
+    before the chunks) is for the kinds that support it; the others refuse it.
+    """
+
+    methods: list[Method]
+    tasks: int | None  # run on the first ``tasks`` tasks of each workload (None: on all)
+
+    def count(self, workload: str) -> int:
+        """Requests per task of ``workload`` (for the progress total)."""
+
+    def results(self, composer: Composer, task: Task, prefix: str | None = None
+                ) -> Iterator[tuple[Method, object]]: ...
 
 
-@dataclass(frozen=True)
-class Method:
-    strategy: str
-    ratio: float = 0.0
+@dataclass
+class Composition:
+    """codekv's strategies. The chunk store is filled first (untimed), so every composed TTFT
+    is cache-warm and includes reading the store."""
 
-    @property
-    def pruning(self) -> bool:
-        """A KV pruning baseline: ``ratio`` is then the share of context KV kept."""
-        return self.strategy in pruning.RULES
+    methods: list[Method]
+    tasks: int | None = None
 
-    @property
-    def label(self) -> str:
-        if self.strategy in (FULL, *RATIO_FREE):
-            return self.strategy
-        if self.pruning:
-            return f"{self.strategy}@kv{self.ratio:g}"
-        return f"{self.strategy}@{self.ratio:g}"
+    def count(self, workload: str) -> int:
+        return len(self.methods)
 
-
-def methods(strategies=STRATEGIES, ratios=RATIOS) -> list[Method]:
-    """Each strategy at each ratio where the ratio means something (none: only at 0)."""
-    out = []
-    for name in strategies:
-        if name in RATIO_FREE:
-            out.append(Method(name, 0.0))
-        else:
-            out.extend(Method(name, r) for r in ratios if r > 0)
-    return out
-
-
-def pruning_methods(names=pruning.PRUNING, budgets=pruning.BUDGETS) -> list[Method]:
-    """Each pruning rule at each KV budget (the share of context KV kept)."""
-    return [Method(name, budget) for name in names for budget in budgets]
+    def results(self, composer: Composer, task: Task, prefix: str | None = None
+                ) -> Iterator[tuple[Method, object]]:
+        composer.prefill(task.context, prefix)
+        for method in self.methods:
+            yield method, composer.compose(task.context, task.query, prefix,
+                                           strategy=method.strategy, ratio=method.ratio)
 
 
 @dataclass
@@ -107,11 +109,19 @@ class Measure:
 
 @dataclass
 class _Reference:
+    """Full prefill's answer log-probabilities and greedy tokens, which every method meets."""
+
     answer_ids: list[int]
     answer_logp: torch.Tensor  # [answer, vocab]
     greedy_ids: list[int]
     nll: float
     ttft_s: float
+
+    @classmethod
+    def of(cls, backend, full, answer_ids: list[int], greedy_tokens: int) -> _Reference:
+        logp = forced_logprobs(backend, full.state, answer_ids)
+        return cls(answer_ids, logp, greedy(backend, full.state, greedy_tokens),
+                   _nll(logp, answer_ids), full.report.ttft_s)
 
 
 def forced_logprobs(backend, state, token_ids: list[int]) -> torch.Tensor:
@@ -142,57 +152,29 @@ def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return (reference.exp() * (reference - other)).sum(-1).clamp_min(0.0)
 
 
-def run_task(composer: Composer, task: Task, method_list: list[Method],
+def run_task(composer: Composer, task: Task, runners: list[MethodRunner],
              greedy_tokens: int = 8, on_method: Callable[[], None] | None = None,
-             pruning_list: list[Method] = (), peer_list: list[Method] = (),
-             peer_runner=None, prefix: str | None = None) -> list[Measure]:
-    """Full prefill, then every composition method, then every pruning method (kvpress, one
-    shared context prefill), then the peer library's methods, on the same tokens, each scored
-    the same way. ``prefix`` (a system prompt before the chunks) is for composition only."""
-    if prefix and (pruning_list or peer_list):
-        raise ValueError("a request prefix is measured for composition methods only")
+             prefix: str | None = None) -> list[Measure]:
+    """Full prefill, then every runner's methods, on the same tokens, each scored the same way
+    (full prefill too: its row checks the scoring). ``prefix``: a system prompt before the
+    chunks, for the runners that support one."""
     backend = composer.backend
-    composer.prefill(task.context, prefix)  # cache-warm: composed TTFTs include the store read
     full = composer.full_prefill(task.context, task.query, prefix)
-    answer_ids = backend.tokenize(task.answer)
-    logp = forced_logprobs(backend, full.state, answer_ids)
-    targets = torch.tensor(answer_ids)
-    ref = _Reference(answer_ids, logp, greedy(backend, full.state, greedy_tokens),
-                     float(-logp[torch.arange(len(answer_ids)), targets].mean()),
-                     full.report.ttft_s)
+    reference = _Reference.of(backend, full, backend.tokenize(task.answer), greedy_tokens)
     context_bytes = _context_kv_bytes(backend, full.state, full.report.context_tokens)
-    measures = [_measure(task, FULL, Method(FULL, 1.0), full, ref, logp, None, len(answer_ids))]
-    measures[0].kind = "reference"
 
-    def scored(method, result):
-        logp = forced_logprobs(backend, result.state, answer_ids)
-        greedy_logp = forced_logprobs(backend, result.state, ref.greedy_ids)
-        measures.append(_measure(task, method.label, method, result, ref, logp, greedy_logp,
-                                 len(answer_ids)))
-        if on_method is not None:
-            on_method()
-        return measures[-1]
+    def scored(method: Method, result) -> Measure:
+        measure = _measure(backend, task, method, result, reference)
+        measure.kv_bytes = getattr(result, "kv_bytes", context_bytes)
+        measure.full_kv_bytes = getattr(result, "full_kv_bytes", context_bytes)
+        return measure
 
-    for method in method_list:
-        result = composer.compose(task.context, task.query, prefix, strategy=method.strategy,
-                                  ratio=method.ratio)
-        scored(method, result)
-    for measure in measures:
-        measure.kv_bytes = measure.full_kv_bytes = context_bytes
-    if pruning_list:
-        for method, result in pruning.run(composer, task.context, task.query, pruning_list):
-            measure = scored(method, result)
-            measure.kind, measure.budget = "pruning", method.ratio
-            measure.kv_bytes, measure.full_kv_bytes = result.kv_bytes, result.full_kv_bytes
-            del result
-    if peer_list:
-        request = composer.build_request(task.context, task.query)
-        for method in peer_list:
-            result = peer_runner.run([p.ids for p in request.pieces], request.query_ids,
-                                     method.strategy, method.ratio)
-            measure = scored(method, result)
-            measure.kind = "peer"
-            measure.kv_bytes = measure.full_kv_bytes = context_bytes
+    measures = [scored(REFERENCE, full)]
+    for runner in runners:
+        for method, result in runner.results(composer, task, prefix):
+            measures.append(scored(method, result))
+            if on_method is not None:
+                on_method()
     return measures
 
 
@@ -201,27 +183,30 @@ def _context_kv_bytes(backend, state, context_tokens: int) -> int:
     return backend.kv_bytes(state) * context_tokens // max(1, state.length)
 
 
-def _measure(task, label, method, result, ref: _Reference, logp, greedy_logp, n_answer) -> Measure:
-    targets = torch.tensor(ref.answer_ids)
-    nll = float(-logp[torch.arange(n_answer), targets].mean())
+def _nll(logp: torch.Tensor, answer_ids: list[int]) -> float:
+    return float(-logp[torch.arange(len(answer_ids)), torch.tensor(answer_ids)].mean())
+
+
+def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Measure:
+    logp = forced_logprobs(backend, result.state, ref.answer_ids)
+    greedy_logp = forced_logprobs(backend, result.state, ref.greedy_ids)
+    nll = _nll(logp, ref.answer_ids)
     kl = _kl(ref.answer_logp, logp)
-    if greedy_logp is None:  # the reference itself
-        agree = torch.ones(len(ref.greedy_ids), dtype=torch.bool)
-    else:
-        agree = greedy_logp.argmax(-1) == torch.tensor(ref.greedy_ids)
+    agree = greedy_logp.argmax(-1) == torch.tensor(ref.greedy_ids)
     report = result.report
     return Measure(
-        workload=task.workload, task=task.id, method=label, strategy=method.strategy,
+        workload=task.workload, task=task.id, method=method.label, strategy=method.strategy,
         ratio=method.ratio, status=result.status, nll=nll, delta_nll=nll - ref.nll,
-        exact_match=bool((logp.argmax(-1) == targets).all()),
+        exact_match=bool((logp.argmax(-1) == torch.tensor(ref.answer_ids)).all()),
         kl=float(kl[0]), kl_answer=float(kl.mean()),
         agreement=float(agree.float().mean()), greedy_match=bool(agree.all()),
         ttft_s=report.ttft_s, full_ttft_s=ref.ttft_s,
         context_tokens=report.context_tokens, query_tokens=report.query_tokens,
-        answer_tokens=n_answer, recomputed_tokens=report.recomputed_tokens,
+        answer_tokens=len(ref.answer_ids), recomputed_tokens=report.recomputed_tokens,
         recompute_ratio=report.recompute_ratio,
         store_load_s=report.timings.get("store_load", 0.0),
-        fallback_reason=report.fallback_reason,
+        fallback_reason=report.fallback_reason, kind=method.kind,
+        budget=method.ratio if method.kind == "pruning" else None,
     )
 
 
@@ -231,38 +216,36 @@ def warm_up(backend) -> None:
     backend.generate(state, 2)
 
 
-def run(composer: Composer, tasks: list[Task], method_list: list[Method], greedy_tokens: int = 8,
-        progress: Callable[[str, int], None] | None = None, pruning_list: list[Method] = (),
-        pruning_tasks: int | None = None, peer_list: list[Method] = (),
-        peer_tasks: int | None = None) -> list[Measure]:
-    """All tasks, every method; the pruning methods on the first ``pruning_tasks`` tasks of
-    each workload and the peer's on the first ``peer_tasks`` (all when None);
-    ``progress(description, advance)`` after each method."""
-    warm_up(composer.backend)
-    peer_runner = None
-    if peer_list:
-        from codekv.eval.peer import KVBoostRunner
-
-        peer_runner = KVBoostRunner(composer.backend)
-    measures: list[Measure] = []
-    seen: dict[str, int] = {}
+def schedule(tasks: list[Task], runners: list[MethodRunner]
+             ) -> Iterator[tuple[Task, list[MethodRunner]]]:
+    """Each task with the runners that run on it: each on its first ``tasks`` per workload."""
+    seen: Counter[str] = Counter()
     for task in tasks:
+        seen[task.workload] += 1
+        yield task, [r for r in runners if r.tasks is None or seen[task.workload] <= r.tasks]
+
+
+def requests(tasks: list[Task], runners: list[MethodRunner]) -> int:
+    """How many method requests ``run`` makes (each is one progress step)."""
+    return sum(r.count(task.workload) for task, active in schedule(tasks, runners)
+               for r in active)
+
+
+def run(composer: Composer, tasks: list[Task], runners: list[MethodRunner],
+        greedy_tokens: int = 8, progress: Callable[[str, int], None] | None = None
+        ) -> list[Measure]:
+    """All tasks, each with the runners scheduled on it; ``progress(description, advance)``
+    after each method."""
+    warm_up(composer.backend)
+    measures: list[Measure] = []
+    for task, active in schedule(tasks, runners):
         started = time.perf_counter()
-        seen[task.workload] = seen.get(task.workload, 0) + 1
-        prune = pruning_tasks is None or seen[task.workload] <= pruning_tasks
-        peer = peer_tasks is None or seen[task.workload] <= peer_tasks
 
         def step(task=task):
             if progress is not None:
                 progress(task.id, 1)
 
-        measures.extend(run_task(composer, task, method_list, greedy_tokens, step,
-                                 pruning_list if prune else (), peer_list if peer else (),
-                                 peer_runner))
+        measures.extend(run_task(composer, task, active, greedy_tokens, step))
         if progress is not None:
             progress(f"{task.id} done in {time.perf_counter() - started:.1f}s", 0)
     return measures
-
-
-def composed_only(measures: list[Measure]) -> bool:
-    return all(m.status == COMPOSED for m in measures if m.kind == "composition")

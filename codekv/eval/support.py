@@ -14,9 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# What a request may actually be composed with (none-norope is a baseline that shows damage;
-# "all" recomputes everything and cannot be faster than full prefill).
-GATE_STRATEGIES = ("none", "boundary", "deviation", "anchors", "hybrid")
+from codekv.eval.methods import GATE_STRATEGIES
+
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_se", "agreement", "greedy_match", "kl",
                  "exact_match", "ttft_s", "full_ttft_s", "speedup", "recompute_ratio",
                  "context_tokens")

@@ -30,8 +30,9 @@ from codekv import gitrepo
 from codekv.chunks import Chunk
 from codekv.compose import Passage
 from codekv.eval.tooldocs import ToolDoc, tool_docs
+from codekv.gate import WORKLOADS as WORKLOAD_KINDS
 
-WORKLOADS = ("code-qa", "rag", "tool-docs")
+WORKLOADS = tuple(WORKLOAD_KINDS.values())
 FUNCTION_KINDS = ("function", "method")
 Counter = Callable[[str], int]
 

@@ -1,7 +1,8 @@
 """Which context tokens to recompute: one small strategy class per rule, behind one method.
 
 Like kvpress's presses: each strategy is a dataclass with ``select(context) -> positions``; a
-new rule is one file, and the evaluation loops over ``STRATEGIES``.
+new rule is one file registered in ``STRATEGIES``, which the command line and the evaluation
+(``codekv.eval.methods``) read their names from. Importing it does not load torch.
 """
 
 from codekv.selection.anchors import AnchorSelection, HybridSelection

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the command line lists strategies without loading torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Strategy:
     reposition: bool = True  # False only for the evaluation's "not re-positioned" baseline
     needs_deviation: bool = False  # reads ``context.deviation`` (an engine may not score it)
     needs_relevance: bool = False  # reads ``context.relevance``, likewise
+    ratio_free: bool = False  # recomputes nothing whatever the ratio
+    recomputes_all: bool = False  # full prefill's result at a higher cost: the exactness check
 
     def select(self, context: SelectionContext) -> list[int]:
         raise NotImplementedError

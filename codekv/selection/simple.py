@@ -12,6 +12,7 @@ class NoneSelection(Strategy):
     """Naive concatenation of re-positioned chunk KV; only the query is computed."""
 
     name = "none"
+    ratio_free = True
 
     def select(self, context: SelectionContext) -> list[int]:
         return []
@@ -23,6 +24,7 @@ class NoneNoRopeSelection(Strategy):
 
     name = "none-norope"
     reposition = False
+    ratio_free = True
 
     def select(self, context: SelectionContext) -> list[int]:
         return []
@@ -33,6 +35,7 @@ class AllSelection(Strategy):
     """Recompute every context token: equals full prefill (the exactness check)."""
 
     name = "all"
+    recomputes_all = True
 
     def select(self, context: SelectionContext) -> list[int]:
         return list(range(context.prefix_length, context.n_context))
