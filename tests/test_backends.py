@@ -8,6 +8,7 @@ import pytest
 from codekv.backends import Backend
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.eval import runner
+from codekv.eval.methods import composition_methods
 from codekv.eval.workloads import Task
 from codekv.gate import SupportGate
 from codekv.kvstore import LocalKVStore
@@ -58,7 +59,8 @@ def test_composer_and_evaluation_use_only_declared_members(tiny_backend, tmp_pat
             result.score("width")
             result.generate(2)
     task = Task("rag", "t0", "quote", [A, B], "Quote area:", " return width", "area")
-    measures = runner.run_task(comp, task, runner.methods(("none", "boundary"), (0.25,)))
+    measures = runner.run_task(comp, task, [
+        runner.Composition(composition_methods(("none", "boundary"), (0.25,)))])
     assert [m.status for m in measures] == [FULL_PREFILL, COMPOSED, COMPOSED]
     assert measures[0].kv_bytes > 0
 

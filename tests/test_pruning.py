@@ -13,7 +13,7 @@ import codekv.index
 import codekv.tokens
 from codekv.compose import Composer, Passage
 from codekv.eval import pruning, runner, support, workloads
-from codekv.eval.methods import Method
+from codekv.eval.methods import RULES, Method
 from codekv.index import Index
 from codekv.kvstore import LocalKVStore
 from codekv.tokens import CounterSpec
@@ -115,7 +115,7 @@ def test_shared_prefill_keeps_what_the_press_keeps_alone(composer, name):
     model = tiny_model("llama")
     if name == "h2o":
         model.set_attn_implementation("eager")
-    press = pruning.RULES[name].make(kvpress, 0.5, len(ids), pruning.Anchors())
+    press = RULES[name].make(kvpress, 0.5, len(ids), pruning.Anchors())
     cache = DynamicCache(config=model.config)
     with torch.inference_mode(), press(model):
         model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
