@@ -1,8 +1,16 @@
-"""Rendering chunks for ``codekv show``: highlighted code, anchors marked, def-use neighbours."""
+"""Rendering chunks for ``codekv show``: highlighted code, anchors marked, def-use neighbours.
+
+A terminal crops long code lines at its edge, as an editor's view does; into a pipe or a file,
+where nothing scrolls, every line is written whole and the panel is as wide as the code.
+"""
 
 from __future__ import annotations
 
+import sys
+
+from rich.cells import cell_len
 from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.text import Text
@@ -17,6 +25,8 @@ ANCHOR_STYLES = {
     "import": "italic",
 }
 LEXERS = {"tsx": "tsx", "cpp": "cpp", "text": "text"}
+TAB_SIZE = 4
+PANEL_FRAME = 4  # a panel's two borders and their padding, in columns
 
 
 def _position(text: bytes, offset: int) -> tuple[int, int]:
@@ -30,12 +40,15 @@ def render_chunks(console: Console, index, chunks) -> None:
     for chunk in chunks:
         data = index.text(chunk)
         anchors = index.anchors(chunk)
+        code = data.decode("utf-8", "replace")
         syntax = Syntax(
-            data.decode("utf-8", "replace"),
+            code,
             LEXERS.get(chunk.language, chunk.language),
             line_numbers=True,
             start_line=chunk.start_line,
             word_wrap=False,
+            tab_size=TAB_SIZE,
+            code_width=None if console.is_terminal else _widest_line(code),
         )
         for anchor in anchors:
             start = _position(data, anchor.start_byte - chunk.start_byte)
@@ -60,4 +73,14 @@ def render_chunks(console: Console, index, chunks) -> None:
             title += f" (part {chunk.part})"
         lines = f"lines {chunk.start_line}-{chunk.end_line}"
         subtitle = f"{chunk.kind} · {lines} · {chunk.n_tokens} tokens · {chunk.id}"
-        console.print(Panel(Group(syntax, legend, neighbours), title=title, subtitle=subtitle))
+        panel = Panel(Group(syntax, legend, neighbours), title=title, subtitle=subtitle)
+        if console.is_terminal:
+            console.print(panel)
+        else:
+            needed = Measurement.get(console, console.options.update_width(sys.maxsize), syntax)
+            width = max(console.width, needed.maximum + PANEL_FRAME)
+            Console(file=console.file, width=width).print(panel)
+
+
+def _widest_line(code: str) -> int:
+    return max((cell_len(line.expandtabs(TAB_SIZE)) for line in code.splitlines()), default=1)

@@ -12,8 +12,6 @@ import time
 import pytest
 from click.testing import CliRunner
 
-import codekv.index
-import codekv.tokens
 from codekv.cli import main
 from codekv.index import INDEX_FILE, Index
 from codekv.tokens import CounterSpec
@@ -57,10 +55,8 @@ main(sys.argv[1:], prog_name="codekv")
 
 
 @pytest.fixture(autouse=True)
-def byte_counter(monkeypatch):
+def _bytes(byte_counter):
     """The CLI's default counter is the model tokenizer (seconds to convert): count bytes."""
-    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: BYTES, raising=False)
-    monkeypatch.setattr(codekv.tokens, "default_counter_spec", lambda: BYTES)
 
 
 @pytest.fixture
@@ -139,6 +135,16 @@ def test_show_prints_chunk_and_neighbours(repo, store):
 
     helper = cli("show", repo.root, "util.py::helper", "--store", store)
     assert "used by: app.py::run" in helper.stdout
+
+
+def test_show_writes_long_lines_whole_when_not_a_terminal(git_repo, store):
+    """CliRunner's output is not a terminal (as a pipe): no line of code is cut at 80 columns."""
+    wide = "return " + " + ".join(f"term_{i}" for i in range(30))  # 300 columns
+    tabbed = "return '" + "y" * 90 + "'"  # after two tabs, each 4 columns wide
+    git_repo.commit({"wide.py": f"def wide(term_0):\n\tif term_0:\n\t\t{tabbed}\n\t{wide}\n"})
+    result = cli("show", git_repo.root, "wide.py::wide", "--store", store)
+    assert result.exit_code == 0, result.output
+    assert wide in result.stdout and tabbed in result.stdout
 
 
 def test_show_whole_file_and_unknown_target(repo, store):
