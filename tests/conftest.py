@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +44,14 @@ def missing(reason: str) -> None:
         pytest.fail(f"{reason} (CI=true, where .ci/run installs it: fails, never skips)",
                     pytrace=False)
     pytest.skip(reason)
+
+
+def imported_by(*modules: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after importing ``modules``."""
+    code = f"import sys, {', '.join(modules)}; print(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return set(out.stdout.split())
 
 
 def load_default_backend():

@@ -5,6 +5,7 @@ import os
 
 import pygit2
 import pytest
+from conftest import imported_by
 
 from codekv import gitrepo
 from codekv.index import INDEX_FILE, Index
@@ -258,3 +259,11 @@ def test_other_schema_asks_for_rebuild(git_repo, codekv_home):
     index.close()
     with pytest.raises(CorruptIndexError, match="has schema 0.*codekv index --rebuild"):
         _index(git_repo)
+
+
+def test_the_index_side_loads_nothing_of_the_compose_side():
+    """Indexing needs neither torch nor the composer: the sides meet at ``Chunk`` and ``Index``."""
+    compose_side = ("torch", "codekv.compose", "codekv.kvstore", "codekv.gate", "codekv.models",
+                    "codekv.backends", "codekv.selection", "codekv.eval")
+    loaded = imported_by("codekv.index", "codekv.show")
+    assert not {m for m in loaded if m.startswith(compose_side)}

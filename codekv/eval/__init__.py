@@ -1,10 +1,12 @@
 """The evaluation harness behind ``codekv eval`` and the support gate's evidence.
 
 Workloads (``workloads``) are generated from a seed out of real material (a git repository,
-the Python documentation, standard-library tool help); every method runs on the same token
-sequences as full prefill (``runner``); rows aggregate the per-task measures (``results``);
-the gate's verdicts follow from thresholds (``support``); ``reuse`` simulates how much prefill
-an exact prefix cache could reuse against chunk composition; ``report`` prints and plots.
+the Python documentation, standard-library tool help); the methods compared are registered by
+name (``methods``); every method runs on the same token sequences as full prefill (``runner``,
+one method runner per kind: composition, ``pruning``, ``peer``); rows aggregate the per-task
+measures (``results``); the gate's verdicts follow from thresholds (``support``); ``reuse``
+simulates how much prefill an exact prefix cache could reuse against chunk composition;
+``report`` prints and plots.
 
 The shipped ``codekv/data/support.json`` is the output of ``codekv eval --write-gate
 codekv/data/support.json`` on the default model with the default settings; the file's
