@@ -396,13 +396,15 @@ _dumps = json.JSONEncoder(check_circular=False).encode
 
 def blob_rows(repo_id: int, analysis: BlobAnalysis) -> StoredBlob:
     # Anchors, definitions, references and imports are named tuples whose fields are in the
-    # order stored here: JSON writes them as arrays, and plain tuples pickle cheaply.
+    # order stored here: JSON writes them as arrays, and plain tuples pickle cheaply. A blob's
+    # anchors have no ``target`` (uses get theirs from the def-use graph when read): a null in
+    # every row would cost 5 bytes an anchor.
     key = (repo_id, analysis.blob_hash, analysis.language, analysis.chunker)
     chunk_rows = [
         (
             repo_id, c.id, c.blob_hash, c.language, analysis.chunker, seq, c.kind,
             c.name, c.qualname, c.parent, c.part, c.start_byte, c.end_byte,
-            c.start_line, c.end_line, c.n_tokens, _dumps(c.anchors),
+            c.start_line, c.end_line, c.n_tokens, _dumps([a[:4] for a in c.anchors]),
         )
         for seq, c in enumerate(analysis.chunks)
     ]

@@ -204,6 +204,22 @@ def _corrupt_pages(path, first_page: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def test_stored_anchors_are_the_blobs_own(git_repo, codekv_home):
+    """Four fields an anchor, as before uses carried a ``target``: a blob's own anchors have
+    none (uses get theirs from the def-use graph when read), so storing it would waste bytes."""
+    import json
+    import sqlite3
+
+    git_repo.commit({"a.py": A_V1, "b.py": B})
+    index = _index(git_repo)
+    index.update(workers=1)
+    index.close()
+    with sqlite3.connect(codekv_home / INDEX_FILE) as db:
+        rows = db.execute("SELECT anchors FROM chunks").fetchall()
+    stored = [anchor for (text,) in rows for anchor in json.loads(text)]
+    assert stored and all(len(anchor) == 4 for anchor in stored)
+
+
 def test_garbage_database_is_reported(git_repo, codekv_home):
     git_repo.commit({"a.py": A_V1})
     index = _index(git_repo)
