@@ -274,6 +274,21 @@ def test_evaluated_strategies_come_from_the_selection_registry():
         command._names("none,all")
 
 
+def test_baselines_run_on_the_first_tasks_of_each_workload():
+    tasks = [workloads.Task(w, f"{w}:{n}", "quote", [], "q", "a", "x")
+             for w in ("code-qa", "rag") for n in range(3)]
+    composition = runner.Composition(methods.composition_methods(("none", "boundary"), (0.1,)))
+    pruned = pruning.Pruning(methods.pruning_methods(("snapkv", "anchor-preserving"), (0.5,)),
+                             tasks=2)
+    scheduled = [(task.id, len(active))
+                 for task, active in runner.schedule(tasks, [composition, pruned])]
+    assert scheduled == [("code-qa:0", 2), ("code-qa:1", 2), ("code-qa:2", 1),
+                         ("rag:0", 2), ("rag:1", 2), ("rag:2", 1)]
+    # Two composition methods on every task; pruning on the first two of each workload, where
+    # only code has the anchors anchor-preserving needs.
+    assert runner.requests(tasks, [composition, pruned]) == 6 * 2 + 2 * 2 + 2 * 1
+
+
 def test_the_command_reproduces_the_pruning_choice():
     from codekv.eval.harness import EvalConfig
 
