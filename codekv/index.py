@@ -141,6 +141,7 @@ class Index:
         self._chunks: dict[str, Chunk] | None = None
         self._uses: dict[str, list[Use]] | None = None
         self._users: dict[str, list[Use]] | None = None  # uses by the chunk they resolve to
+        self._by_path: dict[str, list[Chunk]] = {}  # stored chunks of the paths spans came from
         self._files_by_path: dict[str, gitrepo.SourceFile] | None = None
         self._reader: gitrepo.BlobReader | None = None
         self._fresh: dict[tuple[str, str], BlobInfo] = {}  # blobs analysed by this update
@@ -176,6 +177,7 @@ class Index:
             self._chunks = None
             self._uses = None
             self._users = None
+            self._by_path = {}
             self._files_by_path = None
             try:
                 stats = self._stats(indexed)
@@ -432,7 +434,9 @@ class Index:
         """The stored chunks overlapping ``span`` (itself when it is one)."""
         if span.path is None:
             return [span]
-        return [c for c in self.chunks(span.path)
+        if span.path not in self._by_path:
+            self._by_path[span.path] = self.chunks(span.path)
+        return [c for c in self._by_path[span.path]
                 if c.start_byte < span.end_byte and span.start_byte < c.end_byte]
 
     def gc(self) -> int:
