@@ -105,7 +105,10 @@ def resolve(index: Index, item: str | Chunk) -> Target:
         return Target([chunk], chunk)
     chunks = index.chunks(address.path)
     if not chunks:
-        raise AddressError(f"no chunk in {address.path!r}: the file has no code to cache")
+        raise AddressError(
+            f"no chunk of {address.path!r} in the index: the file has no code to cache, or "
+            "another version of codekv indexed it (run `codekv index`)"
+        )
     if address.qualname is None:
         whole = chunks[0] if len(chunks) == 1 else _span(
             index, chunks, chunks[0].start_byte, chunks[-1].end_byte, "module", None

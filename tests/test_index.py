@@ -283,3 +283,29 @@ def test_the_index_side_loads_nothing_of_the_compose_side():
                     "codekv.backends", "codekv.selection", "codekv.eval")
     loaded = imported_by("codekv.index", "codekv.show")
     assert not {m for m in loaded if m.startswith(compose_side)}
+
+
+def test_a_new_chunker_version_retires_the_old_entries(git_repo, monkeypatch):
+    """Rows are keyed by chunker: an index written by another chunker version is analysed
+    again (new ids, new outline), never read, and dropped by gc."""
+    import codekv.analysis
+    import codekv.index
+
+    git_repo.commit({"a.py": A_V1, "b.py": B})
+    with monkeypatch.context() as patch:
+        patch.setattr(codekv.analysis, "CHUNKER_VERSION", "0")
+        patch.setattr(codekv.index, "_analyzers", {})  # analyzers are kept per process
+        old = _index(git_repo)
+        old.update(workers=1)
+        old_ids = _ids(old)
+        old.close()
+    index = _index(git_repo)
+    assert index.chunks() == []  # what the old chunker stored is not read
+    summary = index.update(workers=1)
+    assert (summary.parsed, summary.reused) == (2, 0)
+    assert not {i for ids in _ids(index).values() for i in ids} & {
+        i for ids in old_ids.values() for i in ids
+    }
+    assert index.text(index.resolve("a.py::beta")) == b"def beta():\n    return 2"
+    assert index.gc() == 2  # the old chunker's two blobs
+    index.close()
