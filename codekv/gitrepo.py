@@ -4,11 +4,11 @@ modified and untracked files, each with the blob hash git would give it.
 
 from __future__ import annotations
 
-import fnmatch
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pygit2
 
@@ -17,36 +17,32 @@ from codekv import grammars
 MAX_FILE_BYTES = 1 << 20
 
 # Secret-looking files are never indexed unless asked: their KV would encode the secret.
+# Globs over the path's last components (``*`` stays within one), case-insensitive; names
+# alone unless they hold a ``/`` (``.docker/config.json``).
 SECRET_PATTERNS = (
-    ".env",
-    ".env.*",
-    "*.env",
-    "*.pem",
-    "*.key",
-    "*.p12",
-    "*.pfx",
-    "*.keystore",
-    "*.jks",
-    "id_rsa*",
-    "id_dsa*",
-    "id_ecdsa*",
-    "id_ed25519*",
-    ".netrc",
-    ".git-credentials",
-    ".htpasswd",
-    "*.tfstate",
-    "*.tfstate.backup",
-    ".pgpass",
-    ".npmrc",
-    ".pypirc",
-    "credentials",
-    "credentials.json",
-    "secrets.json",
-    "secrets.yaml",
-    "secrets.yml",
-    "secrets.toml",
-    "*.secret",
-    "*.secrets",
+    # environment files
+    ".env", ".env.*", "*.env", ".envrc",
+    # private keys and key stores
+    "*.pem", "*.key", "*.p8", "*.p12", "*.pfx", "*.ppk", "*.keystore", "*.jks", "*.kdbx",
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*deploy_key", "*deploy-key",
+    "*private*.asc", "*secret*.asc", "secring.*",
+    # tools' credential files
+    ".netrc", "_netrc", ".git-credentials", ".htpasswd", ".pgpass", ".npmrc", ".pypirc",
+    ".s3cfg", ".boto", ".dockercfg", ".vault-token", ".docker/config.json", ".kube/config",
+    "*.tfstate", "*.tfstate.backup", "*.tfvars", "*.secret", "*.secrets",
+    # data files named for credentials: "credentials.yml" is a secret, "credentials.py" code
+    *(
+        stem + suffix
+        for stem in ("credentials", "*_credentials", "*-credentials", "secrets", "*_secrets",
+                     "*-secrets", "kubeconfig", "*.kubeconfig")
+        for suffix in ("", ".json", ".yml", ".yaml", ".toml", ".ini", ".cfg", ".conf", ".xml",
+                       ".properties", ".txt")
+    ),
+    *(
+        stem + suffix
+        for stem in ("*service-account*", "*service_account*")
+        for suffix in (".json", ".yml", ".yaml", ".toml")
+    ),
 )
 
 
@@ -70,12 +66,19 @@ class Snapshot:
     skipped_paths: dict[str, str] = field(default_factory=dict)  # path -> reason
 
 
-# One compiled pattern: checked for every file of every update.
-_SECRET_NAME = re.compile("|".join(fnmatch.translate(pattern) for pattern in SECRET_PATTERNS))
+def _glob_regex(pattern: str) -> str:
+    return "".join(
+        "[^/]*" if char == "*" else "[^/]" if char == "?" else re.escape(char) for char in pattern
+    )
+
+
+# One compiled pattern, matched against the lowercased last two components of each path:
+# checked for every file of every update.
+_SECRET_TAIL = re.compile(r"(?:[^/]*/)?(?:" + "|".join(map(_glob_regex, SECRET_PATTERNS)) + ")")
 
 
 def is_secret(path: str) -> bool:
-    return _SECRET_NAME.match(PurePosixPath(path).name) is not None
+    return _SECRET_TAIL.fullmatch("/".join(path.lower().rsplit("/", 2)[-2:])) is not None
 
 
 def open_repository(path: str | Path) -> pygit2.Repository:
@@ -96,8 +99,14 @@ def language_of(path: str) -> str:
 def scan(
     repo: pygit2.Repository, include_secrets: bool = False, include_ignored: bool = False
 ) -> Snapshot:
-    """List the files to index with their blob hashes; nothing is read but headers and status."""
+    """List the files to index with their blob hashes; nothing is read but headers and status.
+
+    A working-tree path that resolves outside the repository (a tracked directory replaced by
+    a symlink to ``/etc``, say) is skipped as ``outside-repository``: codekv indexes the
+    repository's files, never what its links point to.
+    """
     root = Path(repo.workdir)
+    real_root = root.resolve()
     snapshot = Snapshot(root)
     entries: dict[str, tuple[str, str]] = {}  # path -> (blob hash, origin)
     if not repo.head_is_unborn:
@@ -117,6 +126,9 @@ def scan(
             full = root / file_path
             if full.is_symlink() or not full.is_file():
                 entries.pop(file_path, None)
+            elif not _inside(real_root, full):
+                entries.pop(file_path, None)
+                _skip(snapshot, file_path, "outside-repository")
             else:
                 entries[file_path] = (str(pygit2.hashfile(str(full))), "worktree")
     for path in sorted(entries):
@@ -126,6 +138,11 @@ def scan(
             continue
         snapshot.files.append(SourceFile(path, blob_hash, language_of(path), origin))
     return snapshot
+
+
+def _inside(real_root: Path, path: Path) -> bool:
+    """Whether ``path`` resolves inside the repository: any of its components may be a link."""
+    return Path(os.path.realpath(path)).is_relative_to(real_root)
 
 
 def _expand(root: Path, path: str) -> list[str]:
@@ -157,10 +174,15 @@ class BlobReader:
     def __init__(self, repo_path: str):
         self.repo = pygit2.Repository(repo_path)
         self.root = Path(self.repo.workdir)
+        self.real_root = self.root.resolve()
 
     def read(self, file: SourceFile) -> bytes:
         if file.origin == "worktree":
-            data = (self.root / file.path).read_bytes()
+            full = self.root / file.path
+            # Checked again here: a directory may have become a link since the scan.
+            if full.is_symlink() or not _inside(self.real_root, full):
+                raise OutsideRepositoryError(f"{file.path} resolves outside the repository")
+            data = full.read_bytes()
             if str(pygit2.hash(data)) != file.blob_hash:
                 raise MissingBlobError(f"{file.path} changed while indexing")
             return data
@@ -172,6 +194,10 @@ class BlobReader:
 
 class MissingBlobError(Exception):
     """A blob named by the tree is not in the object database (a shallow or damaged clone)."""
+
+
+class OutsideRepositoryError(MissingBlobError):
+    """A working-tree path leads out of the repository through a symlink."""
 
 
 def skip_reason(data: bytes, max_file_bytes: int | None = None) -> str | None:

@@ -90,6 +90,8 @@ def _analyze(task: _Task):
     try:
         file = gitrepo.SourceFile(task.path, task.blob_hash, task.language, task.origin)
         data = reader.read(file)
+    except gitrepo.OutsideRepositoryError as error:
+        return task, f"outside-repository: {error}", None
     except (gitrepo.MissingBlobError, OSError) as error:
         return task, f"missing: {error}", None
     reason = gitrepo.skip_reason(data)
@@ -129,7 +131,7 @@ class Index:
     ):
         self.repo = gitrepo.open_repository(repo)
         self.root = str(Path(self.repo.workdir).resolve())
-        self.store_dir = paths.private_dir(Path(store)) if store else paths.home()
+        self.store_dir = paths.user_dir(Path(store), "store") if store else paths.home()
         self.budget = budget
         self.counter = counter or default_counter_spec()
         self.chunker = chunker_version(self.counter, budget)
@@ -247,7 +249,8 @@ class Index:
         """One writer per repository: a second ``codekv index`` waits, then finds little to do."""
         lock_dir = paths.private_dir(self.store_dir / "locks")
         name = hashlib.sha256(self.root.encode()).hexdigest()[:16]
-        with open(lock_dir / f"{name}.lock", "w") as handle:
+        descriptor = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        with open(descriptor, "r+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield

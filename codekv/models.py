@@ -120,7 +120,5 @@ def _cached_digest(path: Path) -> str:
     known = json.loads(record.read_text()) if record.is_file() else {}
     if key not in known:
         known[key] = file_digest(path)
-        tmp = record.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, record)
+        paths.private_file(record, json.dumps(known).encode())
     return known[key]

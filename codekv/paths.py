@@ -1,30 +1,90 @@
-"""Where codekv keeps its files: one private directory per user."""
+"""Where codekv keeps its files: one private directory per user.
+
+Directories codekv creates are owner-only (0700) and so are its files (0600): cached KV and
+chunk text encode the user's code. A directory the user names (``$CODEKV_HOME``, ``--store``,
+``$CODEKV_MODEL_CACHE``) that already exists keeps its mode; a warning says when other users
+may read it (codekv's own subdirectories and files in it are still owner-only).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
+
+log = logging.getLogger("codekv")
+_warned: set[Path] = set()
+
+
+class UnusableDirectoryError(Exception):
+    """A directory codekv was told to use is not one (a regular file, say)."""
 
 
 def home() -> Path:
     """The codekv directory: ``$CODEKV_HOME``, else ``$XDG_CACHE_HOME/codekv``, else
-    ``~/.cache/codekv``.
-
-    Created owner-only (0700): cached KV and chunk text encode the user's code.
-    """
+    ``~/.cache/codekv``."""
     root = os.environ.get("CODEKV_HOME")
     if root:
-        path = Path(root)
-    else:
-        cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        path = Path(cache) / "codekv"
-    return private_dir(path)
+        return user_dir(Path(root), "CODEKV_HOME")
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return private_dir(Path(cache) / "codekv")
 
 
 def private_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.chmod(0o700)
+    """A directory of codekv's own: each missing level is created 0700; an existing one is
+    left as it is."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.is_dir():
+        if probe.exists() or probe.is_symlink():
+            raise UnusableDirectoryError(f"{probe} exists and is not a directory")
+        missing.append(probe)
+        probe = probe.parent
+    for level in reversed(missing):
+        try:
+            level.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process
+            if not level.is_dir():
+                raise UnusableDirectoryError(f"{level} exists and is not a directory") from None
+            continue
+        level.chmod(0o700)  # the umask may have taken owner bits away
     return path
+
+
+def user_dir(path: Path, name: str) -> Path:
+    """A directory the user chose: made owner-only when missing, else kept with its mode (a
+    warning, once per process, when other users may read or enter it)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UnusableDirectoryError(
+            f"{name}={path} is not a directory: point it at a directory (created if missing)"
+        )
+    if not path.is_dir():
+        return private_dir(path)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077 and path not in _warned:
+        _warned.add(path)
+        log.warning(
+            "%s=%s is open to other users (mode %04o); codekv keeps its own files in it "
+            "owner-only, but `chmod 700 %s` keeps even their names private",
+            name, path, mode, path,
+        )
+    return path
+
+
+def private_file(path: Path, data: bytes) -> None:
+    """Write ``path`` owner-only (0600) and atomically: a temporary file, then a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def model_cache() -> Path:
@@ -34,4 +94,4 @@ def model_cache() -> Path:
     may share one; converting the default GGUF takes ~20 s.
     """
     root = os.environ.get("CODEKV_MODEL_CACHE")
-    return private_dir(Path(root)) if root else private_dir(home() / "models")
+    return user_dir(Path(root), "CODEKV_MODEL_CACHE") if root else private_dir(home() / "models")

@@ -34,7 +34,9 @@ def stdlib_files(limit: int | None = None) -> list[Path]:
 
 def make_stdlib_repo(dest: Path | None = None, limit: int | None = None) -> Path:
     """Copy the stdlib's .py files into ``dest`` and commit them; reuse it when already made."""
-    dest = Path(dest) if dest else paths.home() / "repos" / f"stdlib-{limit or 'all'}"
+    if dest is None:
+        dest = paths.private_dir(paths.home() / "repos") / f"stdlib-{limit or 'all'}"
+    dest = Path(dest)
     if (dest / ".git").is_dir():
         return dest
     staging = dest.with_name(dest.name + ".partial")

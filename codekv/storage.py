@@ -70,8 +70,9 @@ CREATE TABLE IF NOT EXISTS graph_files (
 
 
 # Skip reasons that say nothing about the blob's content (a blob missing from a shallow or
-# damaged clone may be fetched later): reported for this run, never stored.
-TRANSIENT_REASONS = ("missing",)
+# damaged clone may be fetched later, a path that led out of the repository may not next
+# time): reported for this run, never stored.
+TRANSIENT_REASONS = ("missing", "outside-repository")
 
 # SQLite's primary result codes for a damaged file; "database is locked" and the like are not.
 _SQLITE_BUSY = 5

@@ -57,6 +57,59 @@ def test_symlinks_are_not_indexed(git_repo):
     assert sorted(_by_path(gitrepo.scan(git_repo.repo))) == ["real.py"]
 
 
+def _swap_for_link(git_repo, directory: str, target) -> None:
+    """Replace a tracked directory by a symlink (``rm -rf conf && ln -s /etc conf``)."""
+    import shutil
+
+    shutil.rmtree(git_repo.root / directory)
+    (git_repo.root / directory).symlink_to(target, target_is_directory=True)
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A directory outside the repository holding a file the repository also names."""
+    path = tmp_path / "etc"
+    path.mkdir()
+    (path / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    return path
+
+
+def test_directory_replaced_by_link_out_of_the_repository_is_skipped(git_repo, outside):
+    git_repo.commit({"conf/passwd": "user:x\n", "app.py": "x = 1\n"})
+    _swap_for_link(git_repo, "conf", outside)
+    snapshot = gitrepo.scan(git_repo.repo)
+    assert sorted(_by_path(snapshot)) == ["app.py"]
+    assert snapshot.skipped_paths == {"conf/passwd": "outside-repository"}
+
+    index = Index(git_repo.root, counter=BYTES)
+    summary = index.update(workers=1)
+    assert summary.skipped == {"outside-repository": 1}
+    assert index.chunks("conf/passwd") == []
+    assert all(b"root:x" not in index.text(c) for c in index.chunks())
+    index.close()
+
+
+def test_link_to_a_directory_inside_the_repository_is_followed(git_repo):
+    git_repo.commit({"conf/x.py": "x = 1\n", "other/x.py": "x = 2\n"})
+    _swap_for_link(git_repo, "conf", "other")
+    files = _by_path(gitrepo.scan(git_repo.repo))
+    assert files["conf/x.py"] == SourceFile("conf/x.py", _blob("x = 2\n"), "python", "worktree")
+
+
+def test_reading_refuses_a_path_that_left_the_repository_since_the_scan(git_repo, outside):
+    """Same bytes outside as inside, so the blob hash check alone would let the read pass."""
+    git_repo.commit({"conf/passwd": "user:x\n"})
+    content = (outside / "passwd").read_text()
+    git_repo.write({"conf/passwd": content})
+    index = Index(git_repo.root, counter=BYTES)
+    index.update(workers=1)
+    (chunk,) = index.chunks("conf/passwd")
+    _swap_for_link(git_repo, "conf", outside)
+    with pytest.raises(gitrepo.OutsideRepositoryError, match="outside the repository"):
+        index.text(chunk)
+    index.close()
+
+
 @pytest.fixture
 def guarded_repo(git_repo):
     """Ignored files (one by pattern, a directory), secrets untracked and one committed."""
@@ -132,6 +185,19 @@ def test_index_skips_secrets_unless_asked(guarded_repo):
         "web/.htpasswd",
         "infra/terraform.tfstate",
         "infra/terraform.tfstate.backup",
+        # tokens and keys of cloud tools, CI and package managers
+        "aws_credentials",
+        "config/credentials.yml",
+        "ops/service-account.json",
+        "gcloud/application_default_credentials.json",
+        "deploy_key",
+        "keys/server.ppk",
+        ".envrc",
+        "kubeconfig",
+        "home/.docker/config.json",
+        ".kube/config",
+        "private.asc",
+        "Credentials.YAML",
     ],
 )
 def test_secret_names(path):
@@ -150,6 +216,15 @@ def test_secret_names(path):
         "keyboard.c",
         "infra/main.tf",
         ".gitignore",
+        # code and docs named for what they handle
+        "credentials.py",
+        "auth/aws_credentials.go",
+        "service_account.py",
+        "deploy_key.rs",
+        "config.json",
+        "docker/config.json",
+        "kube/config.go",
+        "public.asc",
     ],
 )
 def test_ordinary_names_are_not_secret(path):

@@ -20,7 +20,7 @@ QUICK_FILES = (
 
 def quick_repo(dest: Path | None = None, files: tuple[str, ...] = QUICK_FILES) -> Path:
     """A git repository of ``files`` copied from this Python's standard library (made once)."""
-    dest = Path(dest) if dest else paths.home() / "repos" / "stdlib-quick"
+    dest = Path(dest) if dest else paths.private_dir(paths.home() / "repos") / "stdlib-quick"
     if (dest / ".git").is_dir():
         return dest
     staging = dest.with_name(dest.name + ".partial")
