@@ -12,7 +12,6 @@ import bisect
 import hashlib
 import itertools
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,28 +43,20 @@ def file_digest(path: Path) -> str:
 
 
 def converted_tokenizer_path(gguf: Path) -> Path:
-    """A ``tokenizer.json`` converted once from the GGUF file and kept under the codekv home.
+    """A ``tokenizer.json`` built from the GGUF file's vocabulary and kept in the model cache.
 
-    Keyed by the GGUF's size and mtime plus the transformers version: the conversion takes
-    seconds, reading the converted file a fraction of one.
+    Built by ``codekv.gguf_vocab`` in well under a second (transformers' conversion took ~10 s
+    of a fresh home's first index), keyed by the GGUF's path, size and mtime.
     """
-    from importlib import metadata
+    from codekv.gguf_vocab import BUILD, tokenizer_from_gguf
 
     stat = gguf.stat()
-    version = metadata.version("transformers")
     key = hashlib.sha256(
-        f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{version}".encode()
+        f"{BUILD}:{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     ).hexdigest()[:16]
-    target = paths.private_dir(paths.model_cache() / "tokenizers" / key)
-    tokenizer_json = target / "tokenizer.json"
+    tokenizer_json = paths.private_dir(paths.model_cache() / "tokenizers" / key) / "tokenizer.json"
     if not tokenizer_json.is_file():
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        staging = paths.private_dir(target.parent / f".{key}.{os.getpid()}")
-        tokenizer.save_pretrained(str(staging))
-        os.replace(staging / "tokenizer.json", tokenizer_json)
+        paths.private_file(tokenizer_json, tokenizer_from_gguf(gguf).to_str().encode())
     return tokenizer_json
 
 

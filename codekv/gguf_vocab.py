@@ -1,0 +1,119 @@
+"""The default model's tokenizer, built straight from its GGUF file in a fraction of a second.
+
+Going through transformers (``AutoTokenizer.from_pretrained(gguf_file=...)``) parses every
+metadata element with ``gguf.GGUFReader`` and costs ~10 s, all of it on a fresh home's first
+``codekv index``. Only the header's key-value section is needed here, read with ``struct``
+(format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md), and the result is the
+tokenizer transformers' ``GGUFLlamaConverter`` makes of a ``gpt2`` (byte-level BPE) vocabulary:
+``tests/test_gguf_vocab.py`` checks that both give the same ids on a broad sample.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+
+BUILD = "gguf_vocab-1"  # part of the cache key of built tokenizers: bump when the build changes
+MAGIC = b"GGUF"
+# GGUF value types -> struct format of one scalar; 8 is a string, 9 an array.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}
+_STRING, _ARRAY = 8, 9
+_CONTROL = 3  # the tokenizer.ggml.token_type of special tokens
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF file this reader understands."""
+
+
+def read_metadata(path: Path, prefix: str = "") -> dict:
+    """The header's key-value pairs whose keys start with ``prefix``."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != MAGIC:
+            raise GGUFError(f"{path} is not a GGUF file")
+        version, _tensors, count = struct.unpack_from("<IQQ", data, 4)
+        if version not in (2, 3):
+            raise GGUFError(f"{path} is GGUF version {version}; codekv reads versions 2 and 3")
+        reader = _Reader(data, 24)
+        found = {}
+        try:
+            for _ in range(count):
+                key = reader.string()
+                value = reader.value(reader.scalar("I"))
+                if key.startswith(prefix):
+                    found[key] = value
+        except (struct.error, UnicodeDecodeError) as error:
+            raise GGUFError(f"{path} has a damaged GGUF header: {error}") from error
+    return found
+
+
+def tokenizer_from_gguf(path: Path):
+    """A ``tokenizers.Tokenizer`` of the GGUF's byte-level BPE vocabulary (model ``gpt2``),
+    as transformers converts it for counting: the same vocabulary, merges, special tokens,
+    normalizer and pre-tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+
+    meta = read_metadata(path, "tokenizer.ggml.")
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise GGUFError(f"{path}: tokenizer model {model!r}; only 'gpt2' (byte-level BPE) is built")
+    tokens = meta["tokenizer.ggml.tokens"]
+    unknown = meta.get("tokenizer.ggml.unknown_token_id")
+    tokenizer = Tokenizer(
+        models.BPE(
+            {token: index for index, token in enumerate(tokens)},
+            [tuple(merge.split(" ")) for merge in meta["tokenizer.ggml.merges"]],
+            unk_token=tokens[unknown] if unknown is not None else None,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    types = meta.get("tokenizer.ggml.token_type", [])
+    tokenizer.add_special_tokens(
+        [AddedToken(tokens[i], normalized=False, special=True)
+         for i, kind in enumerate(types) if kind == _CONTROL]
+    )
+    tokenizer.normalizer = normalizers.Sequence([])
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, trim_offsets=False, use_regex=True
+    )
+    return tokenizer
+
+
+class _Reader:
+    """Reads GGUF values (little-endian) from a buffer, moving through it."""
+
+    __slots__ = ("data", "at")
+
+    def __init__(self, data, at: int):
+        self.data = data
+        self.at = at
+
+    def scalar(self, fmt: str):
+        (value,) = struct.unpack_from("<" + fmt, self.data, self.at)
+        self.at += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        (size,) = struct.unpack_from("<Q", self.data, self.at)
+        start = self.at + 8
+        self.at = start + size
+        if self.at > len(self.data):
+            raise struct.error("string runs past the end of the file")
+        return self.data[start:self.at].decode("utf-8")
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, size = self.scalar("I"), self.scalar("Q")
+            if item in _SCALARS:
+                fmt = f"<{size}{_SCALARS[item]}"
+                values = list(struct.unpack_from(fmt, self.data, self.at))
+                self.at += struct.calcsize(fmt)
+                return values
+            return [self.value(item) for _ in range(size)]
+        if kind in _SCALARS:
+            return self.scalar(_SCALARS[kind])
+        raise GGUFError(f"unknown GGUF value type {kind}")
