@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -12,9 +13,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from codekv import paths
 from codekv.chunks import DEFAULT_BUDGET
 from codekv.cli_types import StoreParam
-from codekv.gitrepo import NotARepositoryError
+from codekv.gitrepo import MissingBlobError, NotARepositoryError
 from codekv.selection import STRATEGIES
 from codekv.storage import CorruptIndexError
 
@@ -64,18 +66,42 @@ def _kv_store(directory: Path | None, shared: str | None):
 def main() -> None:
     """Reuse the KV state of code an agent has already read."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        paths.check_environment()  # before any command loads a model
+    except paths.SettingError as error:
+        raise click.ClickException(str(error)) from error
 
 
 def _budget_option(function):
     return click.option(
-        "--budget", default=DEFAULT_BUDGET, show_default=True, help="Tokens per chunk."
+        "--budget", default=DEFAULT_BUDGET, show_default=True, type=click.IntRange(min=1),
+        help="Tokens per chunk.",
     )(function)
+
+
+def _share(ctx, param, value: float) -> float:
+    """A share from 0 to 1 (click's FloatRange lets NaN through)."""
+    if not (math.isfinite(value) and 0 <= value <= 1):
+        raise click.BadParameter(f"{value} is not a share from 0 to 1")
+    return value
+
+
+def _finite(value):
+    """``value`` with NaN and infinities as None: strict JSON parsers refuse them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 @contextmanager
 def _opened_index(repo, store, **options):
-    """The repository's Index, closed afterwards; a missing repository or a damaged index
-    database (found on opening or on any later read) is a one-line error, not a traceback."""
+    """The repository's Index, closed afterwards; a missing repository, a damaged index
+    database (found on opening or on any later read) or a file that changed since it was
+    indexed is a one-line error, not a traceback."""
     from codekv.index import Index
 
     try:
@@ -84,7 +110,7 @@ def _opened_index(repo, store, **options):
         raise click.ClickException(str(error)) from error
     try:
         yield idx
-    except CorruptIndexError as error:
+    except (CorruptIndexError, MissingBlobError) as error:
         raise click.ClickException(str(error)) from error
     finally:
         idx.close()
@@ -231,12 +257,13 @@ def _composer(repo, store, model, experimental):
 
     store, shared = _split_store(store)
     with _opened_index(repo, store) as idx:
-        idx.update()
         try:
             with console.status("Loading the model..."):
                 backend = load_backend(model)
         except ModelLoadError as error:
             raise click.ClickException(str(error)) from error
+        # Indexed after the load (seconds), so files edited meanwhile are read as they are now.
+        idx.update()
         kv_store = _kv_store(store, shared)
         yield idx, Composer(backend, idx, kv_store, experimental=experimental)
 
@@ -249,7 +276,8 @@ def _composer(repo, store, model, experimental):
 @click.option("--prefix", default=None, help="Exact prefix (system prompt, tool docs).")
 @click.option("--strategy", default="anchors", show_default=True,
               type=click.Choice(list(STRATEGIES)))
-@click.option("--ratio", default=0.15, show_default=True, help="Share of tokens to recompute.")
+@click.option("--ratio", default=0.15, show_default=True, callback=_share,
+              help="Share of tokens to recompute, from 0 to 1.")
 @click.option("--max-new-tokens", default=48, show_default=True)
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
 @click.option("--check", is_flag=True, help="Also run full prefill and compare.")
@@ -272,7 +300,7 @@ def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model,
     if result.report.store_error:
         click.echo(f"codekv: chunk KV store not used: {result.report.store_error}", err=True)
     if as_json:
-        click.echo(json.dumps(output))
+        click.echo(json.dumps(_finite(output), allow_nan=False))
         return
     console.print(f"[bold]status[/bold]: {output['status']}")
     console.print(f"[bold]answer[/bold]: {answer}")
@@ -312,11 +340,15 @@ def prefill(repo, model, limit, store):
 
     with _composer(repo, store, model, experimental=True) as (idx, composer):
         chunks = idx.chunks()[:limit] if limit else idx.chunks()
-        computed = cached = 0
+        computed = cached = too_long = 0
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("Prefilling chunks", total=len(chunks))
             for chunk in chunks:
-                made, had = composer.prefill([chunk])
+                try:
+                    made, had = composer.prefill([chunk])
+                except ValueError:  # longer than the model's positions: no request fits it
+                    too_long += 1
+                    made = had = 0
                 computed, cached = computed + made, cached + had
                 progress.advance(task)
     from codekv.stores import describe
@@ -325,8 +357,10 @@ def prefill(repo, model, limit, store):
     if error:
         click.echo(f"codekv: chunk KV store not used: {error}", err=True)
     stats = composer.store.stats()
-    console.print(f"computed {computed}, already cached {cached}; store {describe(composer.store)}:"
-                  f" {stats.entries} entries, {stats.bytes / 1e6:.1f} MB")
+    refused = f", {too_long} longer than the model's positions" if too_long else ""
+    console.print(f"computed {computed}, already cached {cached}{refused}; store "
+                  f"{describe(composer.store)}: {stats.entries} entries, "
+                  f"{stats.bytes / 1e6:.1f} MB")
 
 
 def _register_eval() -> None:

@@ -12,6 +12,7 @@ when every step succeeded. Cached entries are never mutated. The result says wha
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import time
@@ -211,6 +212,8 @@ class Composer:
         strings (these need an index) or ``Passage`` objects, in request order.
         """
         started = time.perf_counter()
+        if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio <= 1):
+            raise ValueError(f"ratio must be a number from 0 to 1, not {ratio!r}")
         report = Report(strategy=strategy, ratio=ratio)
         selection = make_strategy(strategy)
         request = self.build_request(chunks, query, prefix)
@@ -270,10 +273,25 @@ class Composer:
         return self._finish(state, report, started)
 
     def prefill(self, chunks: list, prefix: str | None = None) -> tuple[int, int]:
-        """Fill the chunk store (for requests with ``prefix``); returns (computed, cached)."""
+        """Fill the chunk store (for requests with ``prefix``); returns (computed, cached).
+
+        A chunk longer than the model's positions (after the prefix) is refused before any is
+        computed: no request could ever use its KV.
+        """
         prefix_ids = self.backend.tokenize(prefix) if prefix and self.chunks_after_prefix else []
+        pieces = self.build_request(chunks).pieces
+        limit = self.backend.info.max_positions
+        for piece in pieces:
+            if len(prefix_ids) + len(piece.ids) > limit:
+                what = piece.provenance.get("path") or piece.provenance.get("kind", "passage")
+                name = piece.provenance.get("name")
+                raise ValueError(
+                    f"{what}{f' {name!r}' if name else ''} is {len(piece.ids)} tokens"
+                    f"{f' after a {len(prefix_ids)}-token prefix' if prefix_ids else ''}: more "
+                    f"than the model's {limit} positions, so no request could use its KV"
+                )
         computed = cached = 0
-        for piece in self.build_request(chunks).pieces:
+        for piece in pieces:
             key = self._key(piece, prefix_ids)
             if self.store.contains(key):
                 cached += 1
@@ -472,17 +490,13 @@ def query_probe_layers(n_layers: int) -> tuple[int, ...]:
     return tuple(range(max(1, n_layers // 2)))
 
 
-KV_MAX_BYTES_ENV = "CODEKV_KV_MAX_BYTES"
-DEFAULT_KV_MAX_BYTES = 20 << 30
-
-
 def default_kv_store(root: Path | None = None, spec: str | None = None) -> KVStore:
     """The chunk KV store under ``root`` (default: the codekv home), LRU-bounded by
     ``$CODEKV_KV_MAX_BYTES`` (default 20 GiB): fp32 KV of the default model is 45 KiB/token.
 
     ``spec`` (else ``$CODEKV_STORE``) names a shared store instead, or ``local,<url>`` both.
     """
-    limit = int(os.environ.get(KV_MAX_BYTES_ENV, DEFAULT_KV_MAX_BYTES))
+    limit = paths.kv_max_bytes()
 
     def local() -> LocalKVStore:
         return LocalKVStore((root or paths.home()) / "kv", max_bytes=limit)

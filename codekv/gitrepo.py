@@ -184,7 +184,9 @@ class BlobReader:
                 raise OutsideRepositoryError(f"{file.path} resolves outside the repository")
             data = full.read_bytes()
             if str(pygit2.hash(data)) != file.blob_hash:
-                raise MissingBlobError(f"{file.path} changed while indexing")
+                raise MissingBlobError(
+                    f"{file.path} changed on disk since it was indexed: index it again"
+                )
             return data
         try:
             return self.repo[file.blob_hash].data

@@ -129,6 +129,8 @@ class Index:
         include_secrets: bool = False,
         include_ignored: bool = False,
     ):
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"budget must be a whole number of tokens >= 1, not {budget!r}")
         self.repo = gitrepo.open_repository(repo)
         self.root = str(Path(self.repo.workdir).resolve())
         self.store_dir = paths.user_dir(Path(store), "store") if store else paths.home()

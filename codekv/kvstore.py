@@ -15,8 +15,10 @@ fails, or which does not parse is deleted, counted as corrupt, and reported as a
 caller recomputes. Entries encode the user's code: directories are 0700 and files 0600.
 
 Writes go to a temporary file in the entry's directory, are fsynced and then ``os.replace``d,
-so a crash never leaves a half-written file under a final name; ``gc`` removes the stray
-temporary files a killed writer leaves behind.
+so a crash never leaves a half-written file under a final name. A temporary file's name holds
+its writer's machine (host and boot) and process id: one whose writer is gone is an orphan,
+removed by ``gc`` and by eviction (which counts the others towards the size limit); one from
+another machine is removed once it is an hour old.
 
 "Last access" for LRU eviction is the file's mtime, set explicitly on put and on every hit
 (atime is unreliable under relatime/noatime mounts).
@@ -24,9 +26,12 @@ temporary files a killed writer leaves behind.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
+import socket
 import struct
 import tempfile
 import time
@@ -55,6 +60,8 @@ _META_PROVENANCE = "codekv.provenance"
 _META_LAYERS = "codekv.layers"
 _META_CHECKSUM = "codekv.xxh3_128"
 _MAX_HEADER = 64 * 1024 * 1024  # a safetensors header larger than this is not one of ours
+# ".<digest[:16]>.<machine>-<pid>.<random>.tmp"; the machine and pid are absent in old names.
+_TMP_WRITER = re.compile(r"\.[0-9a-f]{16}\.([0-9a-f]{12})-(\d+)\.[^.]+\.tmp")
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ class StoreStats:
     hits: int  # gets of this object that returned an entry
     misses: int  # gets of this object that returned None (corrupt ones included)
     corrupt: int  # corrupt files this object found (and deleted) in get or gc
+    orphans: int = 0  # temporary files on disk whose writer is gone (removed by gc, evict)
 
 
 @runtime_checkable
@@ -181,7 +189,8 @@ class LocalKVStore:
             private_dir(path.parent)
             try:
                 fd, tmp = tempfile.mkstemp(
-                    prefix=f"{_TMP_PREFIX}{path.stem[:16]}.", suffix=_TMP_SUFFIX, dir=path.parent
+                    prefix=f"{_TMP_PREFIX}{path.stem[:16]}.{_machine()}-{os.getpid()}.",
+                    suffix=_TMP_SUFFIX, dir=path.parent,
                 )
                 break
             except FileNotFoundError:
@@ -217,13 +226,21 @@ class LocalKVStore:
             hits=self._hits,
             misses=self._misses,
             corrupt=self._corrupt,
+            orphans=sum(_orphaned(f.path.name) is True for f in self._temporaries()),
         )
 
     def evict(self, max_bytes: int) -> int:
-        """Delete least-recently-used entries until the store holds <= ``max_bytes``."""
-        files = sorted(self._entries(), key=lambda f: (f.mtime_ns, f.path.name))
-        total = sum(f.size for f in files)
+        """Delete orphaned temporary files, then least-recently-used entries until the store
+        (temporary files of running writers included) holds <= ``max_bytes``."""
         removed = 0
+        total = 0
+        for temporary in self._temporaries():
+            if _orphaned(temporary.path.name) is True and _unlink(temporary.path):
+                removed += 1
+            else:
+                total += temporary.size
+        files = sorted(self._entries(), key=lambda f: (f.mtime_ns, f.path.name))
+        total += sum(f.size for f in files)
         for f in files:
             if total <= max_bytes:
                 break
@@ -237,16 +254,20 @@ class LocalKVStore:
     ) -> int:
         """Remove leftovers and, with ``keep``, entries whose provenance fails it.
 
-        Leftovers are temporary files older than ``stale_after_s`` (younger ones may belong to
-        a writer still running), entries of another format version, unreadable entries, and
-        empty directories. Returns the number of files removed.
+        Leftovers are orphaned temporary files (their writer is gone; of another machine's
+        writers, or unnamed ones, those older than ``stale_after_s``), entries of another
+        format version, unreadable entries, and empty directories. Returns the number of files
+        removed.
         """
         removed = 0
         cutoff = time.time() - stale_after_s
         for directory in self._shard_dirs():
             for item in _scandir(directory):
                 if _is_tmp(item.name):
-                    if _mtime(item) <= cutoff and _unlink(Path(item.path)):
+                    orphaned = _orphaned(item.name)
+                    if orphaned is None:
+                        orphaned = _mtime(item) <= cutoff
+                    if orphaned and _unlink(Path(item.path)):
                         removed += 1
                     continue
                 if not _is_entry(item.name):
@@ -319,9 +340,15 @@ class LocalKVStore:
             yield from _subdirs(scope_dir)
 
     def _entries(self) -> Iterator[_File]:
+        return self._files(_is_entry)
+
+    def _temporaries(self) -> Iterator[_File]:
+        return self._files(_is_tmp)
+
+    def _files(self, wanted: Callable[[str], bool]) -> Iterator[_File]:
         for shard in self._shard_dirs():
             for item in _scandir(shard):
-                if not _is_entry(item.name):
+                if not wanted(item.name):
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)
@@ -524,6 +551,32 @@ def _is_entry(name: str) -> bool:
 
 def _is_tmp(name: str) -> bool:
     return name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX)
+
+
+@functools.cache
+def _machine() -> str:
+    """This machine since its last boot: a store may be shared by several (a network disk),
+    and after a reboot an old writer's pid may belong to another process."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return hashlib.sha256(f"{socket.gethostname()}\0{boot}".encode()).hexdigest()[:12]
+
+
+def _orphaned(name: str) -> bool | None:
+    """Whether a temporary file's writer is gone; None when that cannot be told (written on
+    another machine, or named before writers were recorded)."""
+    match = _TMP_WRITER.fullmatch(name)
+    if match is None or match.group(1) != _machine():
+        return None
+    try:
+        os.kill(int(match.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process
+        return False
+    return False
 
 
 def _scandir(directory: Path) -> list[os.DirEntry]:

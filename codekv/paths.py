@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -17,8 +18,51 @@ log = logging.getLogger("codekv")
 _warned: set[Path] = set()
 
 
-class UnusableDirectoryError(Exception):
+KV_MAX_BYTES_ENV = "CODEKV_KV_MAX_BYTES"
+DEFAULT_KV_MAX_BYTES = 20 << 30
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+class SettingError(ValueError):
+    """An environment setting codekv reads is unusable; the message says what it expects."""
+
+
+class UnusableDirectoryError(SettingError):
     """A directory codekv was told to use is not one (a regular file, say)."""
+
+
+def check_environment() -> None:
+    """Check codekv's environment settings at start-up, before anything slow runs."""
+    for name in ("CODEKV_HOME", "CODEKV_MODEL_CACHE"):
+        value = os.environ.get(name)
+        if value and os.path.lexists(value) and not os.path.isdir(value):
+            raise UnusableDirectoryError(
+                f"{name}={value} is not a directory: point it at a directory (created if missing)"
+            )
+    kv_max_bytes()
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``"1048576"``, ``"512M"``, ``"20G"``, ``"1.5GiB"`` (K, M, G, T: powers of 1024)."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size")
+    number, unit = match.groups()
+    return int(float(number) * 1024 ** " kmgt".index(unit.lower() or " "))
+
+
+def kv_max_bytes() -> int:
+    """The chunk KV store's size limit: ``$CODEKV_KV_MAX_BYTES``, else 20 GiB."""
+    value = os.environ.get(KV_MAX_BYTES_ENV, "").strip()
+    if not value:
+        return DEFAULT_KV_MAX_BYTES
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise SettingError(
+            f"{KV_MAX_BYTES_ENV}={value!r} is not a size: give a number of bytes, or one with "
+            "K, M, G or T (powers of 1024), such as 20G"
+        ) from None
 
 
 def home() -> Path:

@@ -335,3 +335,123 @@ def test_gc_keeps_blobs_of_the_budget_it_is_given(repo, store):
 def test_the_command_line_does_not_load_torch():
     """``codekv --help`` and the name registries stay fast: no torch until a model is used."""
     assert "torch" not in imported_by("codekv.cli", "codekv.selection", "codekv.eval.methods")
+
+
+# -- input validation: a clear error before anything slow runs, never a traceback ----------
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model is a failure here: validation must refuse the input before it."""
+    import codekv.models
+
+    def load_backend(model=None):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(codekv.models, "load_backend", load_backend)
+
+
+def assert_clean_error(result, exit_code: int, *phrases: str) -> None:
+    assert result.exit_code == exit_code, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    for phrase in phrases:
+        assert phrase in result.output
+
+
+@pytest.mark.parametrize("ratio", ["inf", "nan", "-1", "2", "-inf"])
+def test_ratio_must_be_a_share(repo, store, no_model, ratio):
+    result = cli("compose", repo.root, "--store", store, "--chunk", "app.py::run",
+                 "--query", "q", f"--ratio={ratio}")
+    assert_clean_error(result, 2, "not a share from 0 to 1")
+
+
+@pytest.mark.parametrize("budget", ["0", "-5"])
+@pytest.mark.parametrize("command", ["index", "gc"])
+def test_budget_must_be_positive(repo, store, command, budget):
+    result = cli(command, repo.root, "--store", store, f"--budget={budget}")
+    assert_clean_error(result, 2, "--budget")
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "20 potatoes", "1e9"])
+def test_kv_size_limit_is_checked_at_start_up(repo, store, no_model, monkeypatch, value):
+    monkeypatch.setenv("CODEKV_KV_MAX_BYTES", value)
+    for args in (["compose", repo.root, "--chunk", "app.py", "--query", "q"], ["index", repo.root]):
+        result = cli(*args, "--store", store)
+        assert_clean_error(result, 1, "CODEKV_KV_MAX_BYTES", "such as 20G")
+
+
+def test_kv_size_limit_takes_units(repo, store, monkeypatch):
+    from codekv.compose import default_kv_store
+
+    monkeypatch.setenv("CODEKV_KV_MAX_BYTES", "20G")
+    assert index_json(repo, store)["parsed"] == 2
+    assert default_kv_store(store).max_bytes == 20 << 30
+
+
+def test_home_that_is_a_file_is_an_error_at_start_up(repo, tmp_path, monkeypatch):
+    (tmp_path / "home-file").write_text("")
+    monkeypatch.setenv("CODEKV_HOME", str(tmp_path / "home-file"))
+    result = cli("index", repo.root)
+    assert_clean_error(result, 1, "CODEKV_HOME=", "is not a directory")
+
+
+def _compose_backend(monkeypatch, backend, before=None):
+    """``load_backend`` returning a tiny model, after running ``before`` (an edit, say)."""
+    import codekv.models
+
+    def load_backend(model=None):
+        if before is not None:
+            before()
+        return backend
+
+    monkeypatch.setattr(codekv.models, "load_backend", load_backend)
+
+
+def test_compose_reads_a_file_edited_while_the_model_loads(repo, store, tiny_backend, monkeypatch):
+    import pygit2
+
+    from codekv.compose import default_kv_store
+
+    edited = FILES["util.py"].replace("x + 1", "x + 41")
+    _compose_backend(monkeypatch, tiny_backend("llama"), lambda: repo.write({"util.py": edited}))
+    index_json(repo, store)
+    result = cli("compose", repo.root, "--store", store, "--chunk", "util.py::helper",
+                 "--query", "what?", "--experimental", "--max-new-tokens", 1, "--json")
+    assert result.exit_code == 0, result.output
+    blobs = []
+    default_kv_store(store).gc(lambda provenance: blobs.append(provenance.get("blob")) or True)
+    assert blobs == [str(pygit2.hash(edited.encode()))]
+
+
+def test_a_file_changed_after_indexing_is_a_clear_error(repo, store, monkeypatch):
+    from codekv import gitrepo
+
+    index_json(repo, store)
+
+    def changed(self, file):
+        raise gitrepo.MissingBlobError(f"{file.path} changed on disk since it was indexed")
+
+    monkeypatch.setattr(gitrepo.BlobReader, "read", changed)
+    result = cli("show", repo.root, "app.py::run", "--store", store)
+    assert_clean_error(result, 1, "app.py changed on disk since it was indexed")
+
+
+def test_compose_json_is_strict(repo, store, tiny_backend, monkeypatch):
+    """Strict parsers refuse NaN and Infinity: the output never holds them."""
+    from codekv import cli as cli_module
+
+    _compose_backend(monkeypatch, tiny_backend("llama"))
+    result = cli("compose", repo.root, "--store", store, "--chunk", "util.py::helper",
+                 "--query", "what?", "--experimental", "--max-new-tokens", 1, "--json", "--check",
+                 "--ratio", "0")
+
+    def refuse(constant):
+        raise ValueError(f"{constant} in the JSON output")
+
+    assert result.exit_code == 0, result.output
+    output = json.loads(result.stdout, parse_constant=refuse)
+    assert output["report"]["ratio"] == 0
+    assert cli_module._finite({"a": [1.0, float("nan")], "b": float("-inf"), "c": "x"}) == {
+        "a": [1.0, None], "b": None, "c": "x"
+    }

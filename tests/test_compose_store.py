@@ -1,5 +1,6 @@
 """The chunk KV store as the composer and `codekv gc` use it: retiring, failing writes."""
 
+import pytest
 from click.testing import CliRunner
 
 import codekv.index
@@ -49,3 +50,24 @@ def test_a_failing_store_write_does_not_fail_the_request(tiny_backend, tmp_path,
     assert result.status == "composed"
     assert result.report.chunk_misses == 2
     assert composer.counters.store_errors == {"OSError": 2}
+
+
+def test_prefill_refuses_a_passage_longer_than_the_model_up_front(tiny_backend, tmp_path):
+    """No request could use the KV of a passage past the model's positions: nothing is
+    computed or stored, the short passage before it included."""
+    backend = tiny_backend("llama")
+    store = default_kv_store(tmp_path)
+    composer = Composer(backend, store=store, gate=SupportGate([], "test"), experimental=True)
+    long = Passage("alpha beta gamma " * backend.info.max_positions, name="manual")
+    with pytest.raises(ValueError, match=f"than the model's {backend.info.max_positions} pos"):
+        composer.prefill([Passage("short"), long])
+    assert store.stats().entries == 0
+    assert composer.prefill([Passage("short")]) == (1, 0)
+
+
+@pytest.mark.parametrize("ratio", [float("nan"), float("inf"), -0.1, 1.5, "0.2"])
+def test_compose_refuses_a_ratio_outside_0_to_1(tiny_backend, tmp_path, ratio):
+    composer = Composer(tiny_backend("llama"), store=default_kv_store(tmp_path),
+                        gate=SupportGate([], "test"), experimental=True)
+    with pytest.raises(ValueError, match="ratio must be a number from 0 to 1"):
+        composer.compose([Passage("alpha")], "beta?", ratio=ratio)

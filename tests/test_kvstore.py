@@ -182,30 +182,70 @@ def test_failed_replace_leaves_nothing_visible(store, monkeypatch):
     assert files_under(store.root) == []  # the temporary file was removed on the way out
 
 
+# A writer that stops between writing its temporary file and renaming it: exits (as if
+# killed) with ``--exit``, else waits there until it is killed.
+STOPPED_WRITER = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    from codekv.kvstore import KVEntry, KVKey, LocalKVStore
+    def stop(*args, **kwargs):
+        if "--exit" in sys.argv:
+            os._exit(17)
+        print("written", flush=True)
+        time.sleep(600)
+    os.replace = stop
+    key = KVKey("repo:aaaa", "m", "t", "c1", "h")
+    store = LocalKVStore(sys.argv[1])
+    store.put(key, KVEntry([torch.ones(1, 200, 4)], [torch.zeros(1, 200, 4)], {}))
+    """
+)
+
+
 def test_crash_before_replace_leaves_only_a_temp_file_that_gc_removes(store):
-    """A writer killed between write and rename: no entry appears; gc cleans the temp file."""
-    script = textwrap.dedent(
-        """
-        import os, sys, torch
-        from codekv import kvstore
-        from codekv.kvstore import KVEntry, KVKey, LocalKVStore
-        os.replace = lambda *a, **k: os._exit(17)
-        key = KVKey("repo:aaaa", "m", "t", "c1", "h")
-        store = LocalKVStore(sys.argv[1])
-        store.put(key, KVEntry([torch.ones(1, 2, 4)], [torch.zeros(1, 2, 4)], {}))
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", script, str(store.root)], timeout=60)
+    """A writer killed between write and rename: no entry appears; its temporary file is an
+    orphan (its writer is gone) that gc removes at once and counts."""
+    proc = subprocess.run([sys.executable, "-c", STOPPED_WRITER, str(store.root), "--exit"],
+                          timeout=60)
     assert proc.returncode == 17
     key = KVKey("repo:aaaa", "m", "t", "c1", "h")
     leftovers = files_under(store.root)
     assert len(leftovers) == 1 and leftovers[0].name.endswith(".tmp")
     assert store.get(key) is None and not store.contains(key)
-    assert store.stats().entries == 0
-    assert store.gc() == 0  # a fresh temp file may belong to a writer still running
-    os.utime(leftovers[0], (1, 1))
+    assert (store.stats().entries, store.stats().orphans) == (0, 1)
     assert store.gc() == 1
     assert list(store.root.iterdir()) == []  # empty directories go too
+
+
+def test_a_running_writer_keeps_its_temp_file_until_it_is_killed(store):
+    writer = subprocess.Popen([sys.executable, "-c", STOPPED_WRITER, str(store.root)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "written\n"
+        (temporary,) = files_under(store.root)
+        assert store.gc() == 0 and store.stats().orphans == 0
+        assert store.evict(0) == 0 and temporary.exists()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert store.stats().orphans == 1
+    assert store.evict(1 << 30) == 1 and not temporary.exists()
+
+
+def test_size_limit_counts_temp_files_of_running_writers(store, monkeypatch):
+    """Eviction makes room for what writers are writing now; orphans go first."""
+    key = make_key()
+    store.put(key, make_entry())
+    size = store.stats().bytes
+    shard = entry_path(store, key).parent
+    running = shard / f".{'0' * 16}.{kvstore._machine()}-{os.getpid()}.abcd1234.tmp"
+    running.write_bytes(b"x" * size)
+    assert store.evict(size) == 1  # the entry: with the running write, the store held 2x
+    assert running.exists() and store.stats().entries == 0
+    old_style = shard / f".{'0' * 16}.abcd1234.tmp"  # named before writers were recorded
+    old_style.write_bytes(b"x")
+    assert store.gc() == 0  # fresh, and whose it is cannot be told
+    os.utime(old_style, (1, 1))
+    assert store.gc() == 1
 
 
 @pytest.mark.parametrize("cut", [4, 60, -1])
