@@ -1,13 +1,18 @@
 """How fast ``codekv index`` is on the standard library: cold, nothing changed, one file changed.
 
-Usage: ``python benchmarks/bench_index.py [--repeat N] [--workers N] [--limit N] [--bytes]``.
+Usage: ``python benchmarks/bench_index.py [--repeat N] [--workers N] [--limit N] [--bytes]
+[--first-run]``.
 
 Everything happens under a fresh ``CODEKV_HOME`` in a temporary directory. Each phase runs in
 its own Python process, as ``codekv index`` would, and reports two times: the wall time of the
 whole process (interpreter start and imports included) and of ``Index.update()`` alone, plus the
 peak RSS of that process and of its worker processes (``RUSAGE_CHILDREN``: the largest one).
-The tokenizer is converted from the model's GGUF file once before timing (a one-off cost of a
-few seconds per machine, cached under the codekv home) and that conversion is not counted.
+The tokenizer is built from the model's GGUF file once before timing (well under a second,
+cached in the model cache) and that build is not counted in these phases.
+
+``--first-run`` also times what a user's first ``codekv index --stdlib`` costs: one CLI process
+in a fresh home with no model cache, so making the standard library's git repository and
+building the tokenizer are counted, against the 10 s target.
 """
 
 from __future__ import annotations
@@ -93,6 +98,21 @@ def _edit(repo: Path, round_: int) -> None:
 
 
 TARGETS = {"cold": 10.0, "no-change": 0.5, "one-file": 1.0}  # seconds, wall
+FIRST_RUN_TARGET = 10.0
+
+
+def _first_run(tmp: Path) -> dict:
+    """``codekv index --stdlib --json`` in a fresh home, the model cache inside it (empty)."""
+    env = dict(os.environ, CODEKV_HOME=str(tmp / "first-run-home"))
+    env.pop("CODEKV_MODEL_CACHE", None)
+    command = [sys.executable, "-c", "from codekv.cli import main; main()",
+               "index", "--stdlib", "--json"]
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"wall_s": wall, "seconds": summary["seconds"], "files": summary["files"],
+            "parsed": summary["parsed"]}
 
 
 def main() -> None:
@@ -101,6 +121,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="parser processes")
     parser.add_argument("--limit", type=int, default=None, help="only the first N stdlib files")
     parser.add_argument("--bytes", action="store_true", help="count bytes, not tokens")
+    parser.add_argument("--first-run", action="store_true",
+                        help="also time `codekv index --stdlib` in a fresh home, no model cache")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
@@ -111,8 +133,8 @@ def main() -> None:
     from codekv.stdlib_repo import make_stdlib_repo
     from codekv.tokens import default_counter_spec
 
-    # The converted tokenizer lives in the model cache, which stays where it is (converting
-    # takes seconds and happens once per machine); everything else goes to a fresh home.
+    # The built tokenizer lives in the model cache, which stays where it is (built once per
+    # machine); everything else goes to a fresh home.
     model_cache = str(paths.model_cache())
     with tempfile.TemporaryDirectory(prefix="codekv-bench-") as tmp:
         env = dict(os.environ, CODEKV_HOME=str(Path(tmp) / "home"),
@@ -127,7 +149,7 @@ def main() -> None:
         if spec is None:
             note = "bytes (--bytes)"
         elif spec.kind == "tokenizer":
-            note = (f"the default model's tokenizer; its conversion cache ({model_cache}) was "
+            note = (f"the default model's tokenizer; its model cache ({model_cache}) was "
                     f"warmed first ({warmed:.1f} s) and is not counted")
         else:
             note = "bytes (the default model is not installed)"
@@ -166,6 +188,15 @@ def main() -> None:
                     f"{report['cpu_workers_s']:>13.2f}",
                     flush=True,
                 )
+        if args.first_run:
+            load = os.getloadavg()[0]
+            first = _first_run(Path(tmp))
+            verdict = "meets" if first["wall_s"] <= FIRST_RUN_TARGET else "misses"
+            print()
+            print(f"first run (`codekv index --stdlib --json`, fresh home, no model cache; "
+                  f"load average at start {load:.2f}): wall {first['wall_s']:.2f} s, reported "
+                  f"seconds {first['seconds']:.2f}, {first['files']} files, {first['parsed']} "
+                  f"parsed ({verdict} the {FIRST_RUN_TARGET:g} s target)", flush=True)
         print()
         print(f"best of {args.repeat}:")
         for phase, target in TARGETS.items():
