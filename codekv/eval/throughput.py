@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from codekv.eval import reuse
+from codekv.eval.methods import FULL, Method
 
 QUESTION = "\n# Task {n}: explain what the code above does and where it could fail.\n"
 
@@ -72,7 +73,7 @@ def serve(backend, index, requests: list[list], strategy: str, ratio: float,
         started = time.perf_counter()
         for n, chunks in enumerate(requests, 1):
             query = QUESTION.format(n=n)
-            if strategy == "full":
+            if strategy == FULL:
                 result = composer.full_prefill(chunks, query, prefix=reuse.SYSTEM_PROMPT)
             else:
                 result = composer.compose(chunks, query, prefix=reuse.SYSTEM_PROMPT,
@@ -81,7 +82,8 @@ def serve(backend, index, requests: list[list], strategy: str, ratio: float,
             tokens += result.report.total_tokens
         seconds = time.perf_counter() - started
         return {
-            "method": strategy if strategy in ("full", "none") else f"{strategy}@{ratio:g}",
+            "method": Method(strategy, ratio, "reference" if strategy == FULL else "composition"
+                             ).label,
             "strategy": strategy, "ratio": ratio, "requests": len(requests), "tokens": tokens,
             "seconds": round(seconds, 2),
             "requests_per_s": len(requests) / seconds if seconds else None,
@@ -115,7 +117,7 @@ def _serve_alone(repo: str, model: str | None, ids: list[list[str]], strategy: s
 
 
 def _with_speedups(rows: list[dict]) -> list[dict]:
-    full = next((r for r in rows if r["strategy"] == "full"), None)
+    full = next((r for r in rows if r["strategy"] == FULL), None)
     for row in rows:
         row["speedup"] = (row["requests_per_s"] / full["requests_per_s"]
                           if full and full["requests_per_s"] and row["requests_per_s"] else None)
