@@ -6,8 +6,10 @@ benchmark and the evaluation have a repository to work on without any download.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pygit2
@@ -22,13 +24,19 @@ def stdlib_dir() -> Path:
 
 
 def stdlib_files(limit: int | None = None) -> list[Path]:
-    """The standard library's .py files (no site-packages, no caches), in a stable order."""
-    root = stdlib_dir()
-    files = sorted(
-        p
-        for p in root.rglob("*.py")
-        if "site-packages" not in p.parts and "__pycache__" not in p.parts and p.is_file()
-    )
+    """The standard library's .py files (no site-packages, no caches), in a stable order.
+
+    Walked with ``os.walk``, not globbed: ``rglob`` spent a third of a second (on a first run's
+    clock) descending into site-packages only to drop what it found there.
+    """
+    files = []
+    for directory, subdirectories, names in os.walk(stdlib_dir()):
+        subdirectories[:] = [d for d in subdirectories if d not in ("site-packages", "__pycache__")]
+        for name in names:
+            path = os.path.join(directory, name)
+            if name.endswith(".py") and os.path.isfile(path):
+                files.append(Path(path))
+    files.sort()
     return files[:limit] if limit else files
 
 
@@ -44,12 +52,14 @@ def make_stdlib_repo(dest: Path | None = None, limit: int | None = None) -> Path
     staging.mkdir(parents=True)
     root = stdlib_dir()
     repo = pygit2.init_repository(str(staging), initial_head="main")
-    for source in stdlib_files(limit):
-        relative = source.relative_to(root)
-        target = staging / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-        repo.index.add(relative.as_posix())
+    sources = stdlib_files(limit)
+    for directory in sorted({source.parent for source in sources}):
+        (staging / directory.relative_to(root)).mkdir(parents=True, exist_ok=True)
+    # Copying is system calls (sendfile): threads overlap them; staging holds only the copies,
+    # so one add_all stages them all.
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda s: shutil.copyfile(s, staging / s.relative_to(root)), sources))
+    repo.index.add_all()
     repo.index.write()
     tree = repo.index.write_tree()
     repo.create_commit("HEAD", SIGNATURE, SIGNATURE, "standard library", tree, [])
