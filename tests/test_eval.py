@@ -10,6 +10,7 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import missing
 
 from codekv.compose import Composer, Passage
 from codekv.eval import command, markdown, methods, peer, pruning, reuse, runner, workloads
@@ -334,8 +335,9 @@ def test_recomputing_everything_measures_as_full_prefill(tiny_backend, tmp_path)
     assert full.context_tokens == everything.context_tokens == none.context_tokens
 
 
-@pytest.mark.skipif(peer.available() is not None, reason=str(peer.available()))
 def test_peer_methods_run_on_the_same_tokens(tiny_backend, tmp_path):
+    if peer.available():
+        missing(peer.available())
     backend = tiny_backend("llama", seed=5, max_position_embeddings=1024)
     composer = Composer(backend, None, store=LocalKVStore(tmp_path / "kv"), experimental=True)
     context = [Passage("def area(w, h):\n    return w * h\n" * 6, "a"),

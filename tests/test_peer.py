@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import missing
 
 from codekv.eval import peer
 from codekv.eval.methods import PEERS
 
-pytestmark = pytest.mark.skipif(peer.available() is not None, reason=str(peer.available()))
+
+@pytest.fixture(autouse=True)
+def _kvboost():
+    if peer.available():
+        missing(peer.available())
 
 
 def token_ids(n: int, seed: int) -> list[int]:

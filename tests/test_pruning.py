@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import missing
 from transformers import DynamicCache
 
 from codekv.compose import Composer, Passage
@@ -16,7 +17,12 @@ from codekv.index import Index
 from codekv.kvstore import LocalKVStore
 
 kvpress = pruning.load()
-pytestmark = pytest.mark.skipif(kvpress is None, reason="kvpress (the eval extra) is missing")
+
+
+@pytest.fixture(autouse=True)
+def _kvpress():
+    if kvpress is None:
+        missing("kvpress (the eval extra) is not installed")
 TEXT = "the quick brown fox jumps over the lazy dog; a rectangle's area is width times height "
 
 
