@@ -505,8 +505,17 @@ def default_kv_store(root: Path | None = None, spec: str | None = None) -> KVSto
     return open_kv_store(spec, local) if spec else local()
 
 
+SCOPE_ENV = "CODEKV_SCOPE"
+
+
 def default_scope(index) -> str:
-    """One scope per repository: a request only ever sees chunk KV of its own repository."""
+    """One scope per repository: a request only ever sees chunk KV of its own repository.
+
+    ``$CODEKV_SCOPE`` names it instead: clones on several machines share a store's entries
+    only under one name (their paths differ), and a Redis ACL user is given per scope.
+    """
+    if os.environ.get(SCOPE_ENV):
+        return os.environ[SCOPE_ENV]
     if index is None:
         return "default"
     return "repo:" + hashlib.sha256(str(Path(index.root)).encode()).hexdigest()[:16]

@@ -128,6 +128,8 @@ def test_a_url_is_never_taken_for_a_directory(tmp_path, monkeypatch):
         assert result.exit_code == 2 and "not a Redis URL" in result.output  # a slash short
         result = CliRunner().invoke(main, [*command, "--store", "htp://127.0.0.1:6379/0"])
         assert result.exit_code == 2 and "not a Redis URL" in result.output
+        result = CliRunner().invoke(main, [*command, "--store", "redis://127.0.0.1:6379/0"])
+        assert "not inside a git repository" in result.output  # a valid URL: not a folder
     result = CliRunner().invoke(main, ["index", "--store", "redis://127.0.0.1:6379/0"])
     assert result.exit_code == 2 and "the index needs a directory" in result.output
     assert not any(p.name.startswith(("redis", "htp")) for p in tmp_path.rglob("*"))
@@ -293,3 +295,47 @@ def test_concurrent_processes_compute_each_chunk_once(redis_url, redis_server):
         got = store.get(KVKey("repo:aaaa", "model", "tok", f"c{i}", token_hash([1])))
         assert got is not None and got.keys[0][0, 0, 0].item() == i
     assert not redis_server.admin.keys("codekv:*:lease:*")  # released on put
+
+
+# -- acceptance: two machines' homes, one Redis -------------------------------------------------
+
+
+@pytest.mark.model
+def test_second_home_composes_from_the_first_homes_entries(tmp_path, redis_url, default_backend,
+                                                           monkeypatch):
+    """Two clones in two CODEKV_HOMEs (two machines' worth), one scope, one Redis: the second
+    prefills no chunk and answers exactly as the first."""
+    import json
+
+    from click.testing import CliRunner
+    from conftest import GitRepo
+
+    import codekv.models
+    from codekv.cli import main
+    from codekv.stdlib_repo import stdlib_dir
+
+    monkeypatch.setattr(codekv.models, "load_backend", lambda model=None: default_backend)
+    monkeypatch.setenv("CODEKV_SCOPE", "team:stdlib-sample")
+    files = {name: (stdlib_dir() / name).read_bytes() for name in ("shlex.py", "fnmatch.py")}
+    chunks = ["fnmatch.py::filter", "shlex.py::split", "shlex.py::quote"]
+    query = "# Question: which function above splits a string like a shell?\n# Answer:"
+    outputs = []
+    for machine in ("a", "b"):
+        clone = GitRepo(tmp_path / machine / "repo")
+        clone.commit(files)
+        monkeypatch.setenv("CODEKV_HOME", str(tmp_path / machine / "home"))
+        args = ["compose", str(clone.root), "--query", query, "--strategy", "anchors",
+                "--max-new-tokens", "12", "--experimental", "--json", "--store", redis_url]
+        for chunk in chunks:
+            args += ["--chunk", chunk]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        outputs.append(json.loads(result.stdout))
+    first, second = outputs
+    assert first["status"] == second["status"] == "composed"
+    assert (first["report"]["store_hits"], first["report"]["store_misses"]) == (0, 3)
+    assert (second["report"]["store_hits"], second["report"]["store_misses"]) == (3, 0)
+    assert second["report"]["chunk_misses"] == 0 and second["report"]["store_error"] is None
+    assert second["report"]["store"] == redis_url
+    assert second["answer"] == first["answer"] and first["answer"].strip()
+    assert not (tmp_path / "b" / "home" / "kv").exists()  # nothing went to the local disk

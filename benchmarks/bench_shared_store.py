@@ -1,0 +1,252 @@
+"""Agents sharing one Redis chunk KV store: cross-agent hits, prefills saved, requests/s.
+
+Run: python benchmarks/bench_shared_store.py [--agents 1 2 4] [--tasks 6] [--url redis://...]
+
+A team's agents read one area of a repository: every agent serves one of the evaluation's
+simulated agent sessions (``codekv.eval.reuse.agent_sessions``) over the same working set, with
+its own picks and orders (its own seed), composing each request (system prompt, chunks, a new
+question; ``anchors`` at 15%) from a shared store on one Redis. For 1, 2 and 4 agent processes
+started together: the share of chunk reads the store served, the share served by entries
+another agent computed (cross-agent hits), chunk prefills saved against agents with stores of
+their own, and requests per second over all agents. Then, in this process: the time to read a
+4,096-token request's chunks from Redis against the local memory-mapped store, and the bytes
+per token stored. Without ``--url`` it starts its own redis-server on 127.0.0.1 (emptied per
+run). The default model; the quick repository of the evaluation (a few stdlib modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+QUESTION = "\n# Task {n}: explain what the code above does and where it could fail.\n"
+
+
+class TeamRandom(random.Random):
+    """Every agent of the team draws the same working sets (the shuffle of files) and its own
+    tasks (its own picks and orders)."""
+
+    def __init__(self, agent: int, seed: int):
+        super().__init__(f"agent:{seed}:{agent}")
+        self.team = random.Random(f"team:{seed}")
+
+    def shuffle(self, x) -> None:
+        self.team.shuffle(x)
+
+
+class CountingStore:
+    """A store wrapper that records, per chunk read, whether it hit and who computed it."""
+
+    def __init__(self, store, agent: int):
+        self.store, self.agent = store, agent
+        self.url, self.error = store.url, None
+        self.reads: list[tuple[str, bool, bool]] = []  # (digest, hit, computed by another)
+
+    def get_or_lease(self, key):
+        entry = self.store.get_or_lease(key)
+        by_other = entry is not None and entry.provenance.get("agent") != self.agent
+        self.reads.append((key.digest(), entry is not None, by_other))
+        self.error = self.store.error
+        return entry
+
+    def get(self, key):
+        return self.get_or_lease(key)
+
+    def contains(self, key):
+        return self.store.contains(key)
+
+    def put(self, key, entry):
+        entry.provenance["agent"] = self.agent
+        self.store.put(key, entry)
+
+
+def session(repo: str, agent: int, seed: int, tasks: int, backend, index) -> list[list]:
+    from codekv.eval import reuse
+    from codekv.eval.workloads import CodeSource
+
+    source = CodeSource(index, lambda text: len(backend.tokenize(text)))
+    for chunks in reuse.agent_sessions(source, TeamRandom(agent, seed), sessions=1, tasks=tasks):
+        return chunks
+    raise SystemExit(f"{repo}: no file makes an agent session")
+
+
+def serve(args: tuple) -> dict:
+    """One agent process: load the model, wait for the others, serve its session."""
+    repo, url, agent, seed, tasks, start, threads = args
+    import torch
+
+    torch.set_num_threads(threads)
+    from codekv.compose import Composer
+    from codekv.eval import reuse
+    from codekv.eval.runner import warm_up
+    from codekv.index import Index
+    from codekv.models import load_backend
+    from codekv.redisstore import RedisKVStore
+
+    backend = load_backend()
+    index = Index(repo)
+    requests = session(repo, agent, seed, tasks, backend, index)
+    store = CountingStore(RedisKVStore(url), agent)
+    composer = Composer(backend, index, store=store, scope="bench:team", experimental=True)
+    warm_up(backend)
+    start.wait()
+    began = time.perf_counter()
+    for n, chunks in enumerate(requests, 1):
+        composer.compose(chunks, QUESTION.format(n=n), prefix=reuse.SYSTEM_PROMPT,
+                         strategy="anchors", ratio=0.15)
+    seconds = time.perf_counter() - began
+    index.close()
+    return {"agent": agent, "requests": len(requests), "seconds": seconds,
+            "reads": store.reads, "error": store.error,
+            "distinct": len({d for d, _, _ in store.reads})}
+
+
+def run_agents(repo: str, url: str, n: int, seed: int, tasks: int, threads: int) -> dict:
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        start = manager.Barrier(n)
+        with context.Pool(n) as pool:
+            began = time.perf_counter()
+            rows = pool.map(serve, [(repo, url, a, seed, tasks, start, threads)
+                                    for a in range(n)])
+            wall = time.perf_counter() - began
+    reads = [r for row in rows for r in row["reads"]]
+    hits = sum(hit for _, hit, _ in reads)
+    cross = sum(other for _, _, other in reads)
+    prefills = len(reads) - hits
+    alone = sum(row["distinct"] for row in rows)  # each agent with its own store
+    requests = sum(row["requests"] for row in rows)
+    serving = max(row["seconds"] for row in rows)
+    return {"agents": n, "requests": requests, "reads": len(reads), "hits": hits,
+            "cross": cross, "prefills": prefills, "alone": alone, "serving_s": serving,
+            "wall_s": wall, "errors": [row["error"] for row in rows if row["error"]]}
+
+
+def store_load(repo: str, url: str, target: int, repeats: int) -> dict:
+    """Median time to read a ``target``-token request's chunks: Redis vs the local store."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import redis
+    from bench_compose import pick_chunks
+
+    from codekv.compose import Composer
+    from codekv.index import Index
+    from codekv.kvstore import LocalKVStore
+    from codekv.models import load_backend
+    from codekv.redisstore import RedisKVStore
+    from codekv.stdlib_repo import make_stdlib_repo
+    from codekv.stores import TieredKVStore
+
+    redis.Redis.from_url(url).flushdb()
+    backend = load_backend()
+    index = Index(make_stdlib_repo())
+    index.update()
+    chunks, n_tokens = pick_chunks(index, backend, target)
+    directory = Path(tempfile.mkdtemp(prefix="codekv-bench-shared-"))
+    try:
+        both = TieredKVStore(LocalKVStore(directory), RedisKVStore(url))
+        Composer(backend, index, both, scope="bench:load", experimental=True).prefill(chunks)
+        local = Composer(backend, index, LocalKVStore(directory), scope="bench:load",
+                         experimental=True)
+        shared = Composer(backend, index, RedisKVStore(url), scope="bench:load",
+                          experimental=True)
+        times = {}
+        for name, composer, make in (("local", local, lambda: LocalKVStore(directory)),
+                                     ("redis", shared, lambda: RedisKVStore(url))):
+            samples = []
+            for _ in range(repeats):
+                composer.store = make()  # a fresh store object: nothing cached in memory
+                result = composer.compose(chunks, "\n# Question: what is first?\n",
+                                          strategy="none")
+                assert result.report.store_misses == 0, result.report.store_error
+                samples.append(result.report.timings["store_load"])
+            times[name] = statistics.median(samples)
+        stored = RedisKVStore(url).stats().bytes
+        return {"tokens": n_tokens, "chunks": len(chunks), **times,
+                "bytes_per_token": stored / n_tokens}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        index.close()
+
+
+def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory),
+         "--save", "", "--appendonly", "no", "--maxmemory", "4gb",
+         "--maxmemory-policy", "allkeys-lru"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            return process, f"redis://127.0.0.1:{port}/0"
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    process.kill()
+    raise SystemExit("redis-server did not start")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--tasks", type=int, default=6, help="Requests per agent session.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="Torch threads per agent.")
+    parser.add_argument("--context", type=int, default=4096, help="Tokens of the load test.")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--url", default=None, help="A Redis to use (it is flushed!).")
+    args = parser.parse_args()
+    from codekv.eval.repos import quick_repo
+    from codekv.index import Index
+
+    repo = str(quick_repo())
+    Index(repo).update()  # indexed once, before the agents open it
+    directory = Path(tempfile.mkdtemp(prefix="codekv-bench-redis-"))
+    process, url = (None, args.url) if args.url else start_redis(directory)
+    try:
+        print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; {args.tasks} "
+              f"requests per agent, anchors at 15%, {args.threads} torch thread(s) per agent")
+        print(f"{'agents':>6} {'requests':>8} {'chunk reads':>11} {'store hits':>10} "
+              f"{'cross-agent':>11} {'prefills':>8} {'alone':>5} {'saved':>6} {'req/s':>6} "
+              f"{'load':>5}")
+        for n in args.agents:
+            row = run_agents(repo, url, n, args.seed, args.tasks, args.threads)
+            print(f"{n:>6} {row['requests']:>8} {row['reads']:>11} "
+                  f"{row['hits'] / row['reads']:>10.0%} {row['cross'] / row['reads']:>11.0%} "
+                  f"{row['prefills']:>8} {row['alone']:>5} "
+                  f"{1 - row['prefills'] / row['alone']:>6.0%} "
+                  f"{row['requests'] / row['serving_s']:>6.2f} {os.getloadavg()[0]:>5.1f}")
+            for error in row["errors"]:
+                print(f"       store error: {error}")
+        load = store_load(repo, url, args.context, args.repeats)
+        print(f"\nstore load, {load['tokens']}-token request in {load['chunks']} chunks "
+              f"(median of {args.repeats}): local memory-mapped {load['local']:.3f} s, "
+              f"Redis {load['redis']:.3f} s (load average {os.getloadavg()[0]:.1f})")
+        print(f"bytes per token stored (fp32): {load['bytes_per_token'] / 1024:.1f} KiB")
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
