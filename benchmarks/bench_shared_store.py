@@ -1,6 +1,6 @@
 """Agents sharing one Redis chunk KV store: cross-agent hits, prefills saved, requests/s.
 
-Run: python benchmarks/bench_shared_store.py [--agents 1 2 4] [--tasks 6] [--url redis://...]
+Run: python benchmarks/bench_shared_store.py [--agents 1 2 4] [--tasks 4] [--url redis://...]
 
 A team's agents read one area of a repository: every agent serves one of the evaluation's
 simulated agent sessions (``codekv.eval.reuse.agent_sessions``) over the same working set, with
@@ -11,7 +11,8 @@ another agent computed (cross-agent hits), chunk prefills saved against agents w
 their own, and requests per second over all agents. Then, in this process: the time to read a
 4,096-token request's chunks from Redis against the local memory-mapped store, and the bytes
 per token stored. Without ``--url`` it starts its own redis-server on 127.0.0.1 (emptied per
-run). The default model; the quick repository of the evaluation (a few stdlib modules).
+run; 16-bit entries go to the next database). The default model; the quick repository of the
+evaluation (a few stdlib modules). About ten minutes on 2 cores shared with other work.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 QUESTION = "\n# Task {n}: explain what the code above does and where it could fail.\n"
 
@@ -136,46 +138,58 @@ def run_agents(repo: str, url: str, n: int, seed: int, tasks: int, threads: int)
 
 
 def store_load(repo: str, url: str, target: int, repeats: int) -> dict:
-    """Median time to read a ``target``-token request's chunks: Redis vs the local store."""
+    """Median time to read a ``target``-token request's chunks from the local store, Redis and
+    Redis in 16 bits; bytes per token; how far 16-bit KV moves a composed answer."""
     sys.path.insert(0, str(Path(__file__).parent))
     import redis
-    from bench_compose import pick_chunks
+    import torch
+    from bench_compose import kl, pick_chunks
 
     from codekv.compose import Composer
     from codekv.index import Index
     from codekv.kvstore import LocalKVStore
     from codekv.models import load_backend
     from codekv.redisstore import RedisKVStore
-    from codekv.stdlib_repo import make_stdlib_repo
     from codekv.stores import TieredKVStore
 
     redis.Redis.from_url(url).flushdb()
     backend = load_backend()
-    index = Index(make_stdlib_repo())
-    index.update()
+    index = Index(repo)
     chunks, n_tokens = pick_chunks(index, backend, target)
     directory = Path(tempfile.mkdtemp(prefix="codekv-bench-shared-"))
+    parts = urlsplit(url)  # the 16-bit entries go to the next database, to count their bytes
+    half = urlunsplit(parts._replace(path=f"/{int(parts.path.strip('/') or 0) + 1}",
+                                     query="kv_dtype=float16"))
+    RedisKVStore(half)._client.flushdb()
+    stores = {"local": lambda: LocalKVStore(directory), "redis": lambda: RedisKVStore(url),
+              "redis16": lambda: RedisKVStore(half)}
+    question = "\n# Question: which of the functions above is called first?\n"
     try:
-        both = TieredKVStore(LocalKVStore(directory), RedisKVStore(url))
-        Composer(backend, index, both, scope="bench:load", experimental=True).prefill(chunks)
-        local = Composer(backend, index, LocalKVStore(directory), scope="bench:load",
-                         experimental=True)
-        shared = Composer(backend, index, RedisKVStore(url), scope="bench:load",
-                          experimental=True)
-        times = {}
-        for name, composer, make in (("local", local, lambda: LocalKVStore(directory)),
-                                     ("redis", shared, lambda: RedisKVStore(url))):
+        # One prefill fills all three (the local store is in front, the Redis ones behind it).
+        fill = TieredKVStore(stores["local"](), TieredKVStore(stores["redis"](),
+                                                               stores["redis16"]()))
+        Composer(backend, index, fill, scope="bench:load", experimental=True).prefill(chunks)
+        composer = Composer(backend, index, fill, scope="bench:load", experimental=True)
+        row: dict = {"tokens": n_tokens, "chunks": len(chunks)}
+        for name, make in stores.items():
             samples = []
             for _ in range(repeats):
                 composer.store = make()  # a fresh store object: nothing cached in memory
-                result = composer.compose(chunks, "\n# Question: what is first?\n",
-                                          strategy="none")
+                result = composer.compose(chunks, question, strategy="none")
                 assert result.report.store_misses == 0, result.report.store_error
                 samples.append(result.report.timings["store_load"])
-            times[name] = statistics.median(samples)
-        stored = RedisKVStore(url).stats().bytes
-        return {"tokens": n_tokens, "chunks": len(chunks), **times,
-                "bytes_per_token": stored / n_tokens}
+            row[name] = statistics.median(samples)
+        for name in ("redis", "redis16"):
+            row[f"{name}_bytes_per_token"] = stores[name]().stats().bytes / n_tokens
+        answers = {}
+        for name in ("redis", "redis16"):
+            composer.store = stores[name]()
+            answers[name] = composer.compose(chunks, question, strategy="anchors", ratio=0.15)
+        fp32, fp16 = (answers[n].next_token_logits() for n in ("redis", "redis16"))
+        row["kl_16_vs_32"] = kl(fp32, fp16)
+        row["max_logit_diff"] = float((fp32 - fp16).abs().max())
+        row["top1_agree"] = bool(torch.argmax(fp32) == torch.argmax(fp16))
+        return row
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         index.close()
@@ -206,12 +220,12 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--tasks", type=int, default=6, help="Requests per agent session.")
+    parser.add_argument("--tasks", type=int, default=4, help="Requests per agent session.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="Torch threads per agent.")
     parser.add_argument("--context", type=int, default=4096, help="Tokens of the load test.")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--url", default=None, help="A Redis to use (it is flushed!).")
+    parser.add_argument("--url", default=None, help="A Redis to use (db and db+1 are flushed!).")
     args = parser.parse_args()
     from codekv.eval.repos import quick_repo
     from codekv.index import Index
@@ -238,8 +252,12 @@ def main() -> int:
         load = store_load(repo, url, args.context, args.repeats)
         print(f"\nstore load, {load['tokens']}-token request in {load['chunks']} chunks "
               f"(median of {args.repeats}): local memory-mapped {load['local']:.3f} s, "
-              f"Redis {load['redis']:.3f} s (load average {os.getloadavg()[0]:.1f})")
-        print(f"bytes per token stored (fp32): {load['bytes_per_token'] / 1024:.1f} KiB")
+              f"Redis {load['redis']:.3f} s, Redis 16-bit {load['redis16']:.3f} s "
+              f"(load average {os.getloadavg()[0]:.1f})")
+        print(f"bytes per token stored: fp32 {load['redis_bytes_per_token'] / 1024:.1f} KiB, "
+              f"16-bit {load['redis16_bytes_per_token'] / 1024:.1f} KiB")
+        print(f"anchors at 15% from 16-bit vs fp32 KV: KL {load['kl_16_vs_32']:.2e}, max logit "
+              f"difference {load['max_logit_diff']:.4f}, same top-1: {load['top1_agree']}")
     finally:
         if process is not None:
             process.terminate()

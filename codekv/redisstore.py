@@ -29,9 +29,11 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit
+from dataclasses import replace
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import redis
+import torch
 from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, RedisError
 from redis.retry import Retry
@@ -48,7 +50,7 @@ from codekv.kvstore import (
     header_length,
     header_meta,
 )
-from codekv.stores import StoreUnavailable
+from codekv.stores import KV_DTYPES_NAMES, StoreUnavailable
 
 SCHEMES = ("redis", "rediss")
 TIMEOUT_S = 5.0  # per socket read or write; a 4K-token request's largest chunk is ~25 MB
@@ -56,6 +58,8 @@ CONNECT_TIMEOUT_S = 1.0
 LEASE_S = 30.0  # a chunk prefill on a CPU takes seconds; a dead holder delays others this long
 RETRY_AFTER_S = 30.0
 _POLL_S = 0.02
+_STORED_FROM = "codekv.kv_dtype_of"  # provenance of a 16-bit entry: the dtype it came from
+KV_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES_NAMES}
 # Unreachable, timed out, killed mid-request, refused - and whatever a broken server or proxy
 # makes the client raise (a malformed handshake reply is an AttributeError): a request never
 # fails because the shared store did.
@@ -115,10 +119,15 @@ class RedisKVStore:
         parts = urlsplit(url)
         if parts.scheme not in SCHEMES:
             raise ValueError(f"not a Redis URL: {public_url(url)} (use redis:// or rediss://)")
+        query = parse_qs(parts.query)
+        self.kv_dtype = query.pop("kv_dtype", [None])[0]  # 16-bit values on the wire
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}")
+        client_url = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
         try:
             parts.port  # noqa: B018 - raises on a port that is not a number
             self._client = redis.Redis.from_url(
-                url, socket_timeout=TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                client_url, socket_timeout=TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S,
                 retry=Retry(NoBackoff(), 0),  # one bounded try: a fallback beats a wait
                 client_name="codekv",
             )
@@ -126,7 +135,7 @@ class RedisKVStore:
             raise ValueError(f"bad Redis URL {public_url(url)}: {error}") from error
         if max_bytes is not None and max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
-        self.url = public_url(url)
+        self.url = public_url(url) + (f"?kv_dtype={self.kv_dtype}" if self.kv_dtype else "")
         self.user = parts.username or "default"
         self.max_bytes = max_bytes
         self.lease_s = lease_s
@@ -146,7 +155,7 @@ class RedisKVStore:
 
     def get(self, key: KVKey) -> KVEntry | None:
         """The entry for ``key`` or None; never raises (a failure is a miss, see ``error``)."""
-        entry = self._fetch(key)
+        entry = self._fetch(self._wire_key(key))
         self._count(entry)
         return entry
 
@@ -156,6 +165,7 @@ class RedisKVStore:
         On a miss, takes the key's lease (``SET NX`` with a ``lease_s`` expiry); if another
         process holds it, waits for that process's entry, at most until the lease expires.
         """
+        key = self._wire_key(key)
         entry = self._fetch(key)
         deadline = time.monotonic() + self.lease_s
         while entry is None and not self._off():
@@ -183,7 +193,8 @@ class RedisKVStore:
         An entry larger than ``max_bytes`` is not stored. A failing server is recorded in
         ``error``: the caller has its KV and loses only the chance to share it.
         """
-        data = encode_entry(key, entry)
+        key = self._wire_key(key)
+        data = encode_entry(key, self._narrowed(entry))
         lease = self._lease_key(key)
         if self.max_bytes is not None and len(data) > self.max_bytes:
             return
@@ -212,6 +223,7 @@ class RedisKVStore:
         """Whether a value exists for ``key`` (not verified - ``get`` may still miss)."""
         if self._off():
             return False
+        key = self._wire_key(key)
         try:
             found = bool(self._client.exists(self._entry_key(key)))
         except _FAILURES as error:
@@ -331,7 +343,7 @@ class RedisKVStore:
         if data is None:
             return None
         try:
-            return decode_bytes(data, key)
+            return _widened(decode_bytes(data, key))
         except Exception:  # anything a damaged value makes the parser raise
             self._corrupt += 1
             try:
@@ -373,6 +385,25 @@ class RedisKVStore:
         self._last_stamp = stamp
         return stamp
 
+    def _wire_key(self, key: KVKey) -> KVKey:
+        """16-bit entries are other entries: a full-precision reader never gets one."""
+        return replace(key, model=f"{key.model}|kv:{self.kv_dtype}") if self.kv_dtype else key
+
+    def _narrowed(self, entry: KVEntry) -> KVEntry:
+        """``entry`` in ``kv_dtype`` (its own dtype recorded), unless a value would not fit."""
+        if self.kv_dtype is None:
+            return entry
+        wire = KV_DTYPES[self.kv_dtype]
+        tensors = entry.keys + entry.values
+        if any(not t.is_floating_point() or t.dtype == wire for t in tensors):
+            return entry
+        narrow = [t.to(wire) for t in tensors]
+        if not all(bool(torch.isfinite(t).all()) for t in narrow):
+            return entry  # beyond the 16-bit range: stored in full rather than as inf
+        n = len(entry.keys)
+        provenance = dict(entry.provenance, **{_STORED_FROM: str(tensors[0].dtype)[6:]})
+        return KVEntry(narrow[:n], narrow[n:], provenance)
+
     def _entry_key(self, key: KVKey) -> str:
         return f"codekv:{{{scope_tag(key.scope)}}}:e:{key.digest()}"
 
@@ -399,6 +430,16 @@ class RedisKVStore:
         if n is None:
             return None
         return header_meta(prefix + self._client.getrange(name, 8, 8 + n - 1))
+
+
+def _widened(entry: KVEntry) -> KVEntry:
+    """A 16-bit entry back in the dtype it was computed in (the caller's model dtype)."""
+    original = entry.provenance.pop(_STORED_FROM, None)
+    if original is None:
+        return entry
+    dtype = getattr(torch, original)
+    return KVEntry([k.to(dtype) for k in entry.keys], [v.to(dtype) for v in entry.values],
+                   entry.provenance)
 
 
 def _lru_and_digest(entry_name: str) -> tuple[str, str]:

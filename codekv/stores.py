@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:  # the store modules import torch; option parsing must not
     from codekv.kvstore import KVEntry, KVKey, KVStore, StoreStats
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the store modules import torch; option parsing must not
 STORE_ENV = "CODEKV_STORE"
 LOCAL = "local"
 SHARED_SCHEMES = ("redis", "rediss")
+KV_DTYPES_NAMES = ("float16", "bfloat16")  # ?kv_dtype= : 16-bit values on the wire
 _SPEC = re.compile(r"(rediss?:|local,|[A-Za-z][A-Za-z0-9+.-]*://)")
 
 
@@ -63,6 +64,9 @@ def check_spec(spec: str) -> list[str]:
         urlsplit(url).port  # noqa: B018 - raises on a port that is not a number
     except ValueError as error:
         raise StoreSpecError(f"bad port in {_shown(url)}: {error}") from error
+    for value in parse_qs(urlsplit(url).query).get("kv_dtype", []):
+        if value not in KV_DTYPES_NAMES:
+            raise StoreSpecError(f"kv_dtype={value}: use one of {', '.join(KV_DTYPES_NAMES)}")
     return parts
 
 

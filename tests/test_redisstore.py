@@ -339,3 +339,53 @@ def test_second_home_composes_from_the_first_homes_entries(tmp_path, redis_url, 
     assert second["report"]["store"] == redis_url
     assert second["answer"] == first["answer"] and first["answer"].strip()
     assert not (tmp_path / "b" / "home" / "kv").exists()  # nothing went to the local disk
+
+
+# -- 16-bit values on the wire ----------------------------------------------------------------
+
+
+def test_16_bit_values_halve_the_bytes_and_come_back_in_the_stored_dtype(redis_url):
+    full, half = RedisKVStore(redis_url), RedisKVStore(redis_url + "?kv_dtype=float16")
+    key, entry = make_key(), make_entry(n_tokens=64)
+    full.put(key, entry)
+    half.put(key, entry)
+    assert full.stats().entries == 2  # the precision is part of the entry's identity
+    exact, rounded = full.get(key), half.get(key)
+    assert all(torch.equal(g, w) for g, w in zip(exact.keys, entry.keys))
+    for got, want in zip(rounded.keys + rounded.values, entry.keys + entry.values):
+        assert got.dtype == torch.float32
+        assert torch.equal(got, want.half().float())  # exactly the fp16 rounding, nothing else
+    assert half.url == redis_url + "?kv_dtype=float16" != full.url
+    sizes = sorted(full._sizes(full._scan("codekv:{*}:e:*")).values())
+    assert sizes[0] < 0.55 * sizes[1]
+
+
+def test_values_beyond_the_16_bit_range_are_stored_in_full(redis_url):
+    half = RedisKVStore(redis_url + "?kv_dtype=float16")
+    entry = make_entry()
+    entry.keys[0][0, 0, 0] = 1e6  # would be inf in float16
+    half.put(make_key(), entry)
+    got = half.get(make_key())
+    assert torch.equal(got.keys[0], entry.keys[0])
+
+
+def test_bad_kv_dtype_is_an_error(redis_url):
+    with pytest.raises(StoreSpecError, match="kv_dtype"):
+        check_spec(redis_url + "?kv_dtype=int8")
+
+
+def test_16_bit_store_keeps_all_exact(redis_url, tiny_backend):
+    from codekv.compose import Composer, Passage
+    from codekv.gate import SupportGate
+
+    backend = tiny_backend("llama")
+    passages = [Passage("alpha beta gamma delta"), Passage("epsilon zeta eta")]
+    composer = Composer(backend, store=redis_url + "?kv_dtype=float16",
+                        gate=SupportGate([], "test"), experimental=True)
+    reference = composer.full_prefill(passages, "theta?").next_token_logits()
+    composer.compose(passages, "theta?", strategy="all")  # fills the store
+    result = composer.compose(passages, "theta?", strategy="all")
+    assert result.report.store_hits == 2
+    assert (result.next_token_logits() - reference).abs().max() <= 1e-4
+    naive = composer.compose(passages, "theta?", strategy="none")
+    assert naive.report.store_hits == 2  # reused 16-bit KV: close, not exact
