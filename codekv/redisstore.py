@@ -196,22 +196,22 @@ class RedisKVStore:
         key = self._wire_key(key)
         data = encode_entry(key, self._narrowed(entry))
         lease = self._lease_key(key)
-        if self.max_bytes is not None and len(data) > self.max_bytes:
-            return
-        if self._off():
+        held = lease in self._leases
+        self._leases.discard(lease)
+        fits = self.max_bytes is None or len(data) <= self.max_bytes
+        if self._off() or not (fits or held):
             return
         try:
             with self._client.pipeline(transaction=True) as pipe:  # one slot: MULTI works
-                pipe.set(self._entry_key(key), data, nx=True)
-                pipe.zadd(self._lru_key(key.scope), {key.digest(): self._stamp()})
-                if lease in self._leases:
+                if fits:
+                    pipe.set(self._entry_key(key), data, nx=True)
+                    pipe.zadd(self._lru_key(key.scope), {key.digest(): self._stamp()})
+                if held:  # waiters look for the entry now (or compute it, if it did not fit)
                     pipe.delete(lease)
                 pipe.execute()
         except _FAILURES as error:
             self._fail(error, key.scope)
             return
-        finally:
-            self._leases.discard(lease)
         self.error = None
         if self.max_bytes is not None:
             try:

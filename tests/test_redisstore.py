@@ -389,3 +389,69 @@ def test_16_bit_store_keeps_all_exact(redis_url, tiny_backend):
     assert (result.next_token_logits() - reference).abs().max() <= 1e-4
     naive = composer.compose(passages, "theta?", strategy="none")
     assert naive.report.store_hits == 2  # reused 16-bit KV: close, not exact
+
+
+# -- the store named by $CODEKV_STORE, and `codekv gc` on it ------------------------------------
+
+
+def test_codekv_store_names_the_default_store(redis_url, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+    from codekv.compose import default_kv_store
+
+    monkeypatch.setenv("CODEKV_STORE", redis_url)
+    assert isinstance(default_kv_store(), RedisKVStore)
+    monkeypatch.setenv("CODEKV_STORE", f"local,{redis_url}")
+    both = default_kv_store(tmp_path)
+    assert isinstance(both, TieredKVStore) and both.local.root == tmp_path / "kv"
+    monkeypatch.setenv("CODEKV_STORE", "redis://127.0.0.1:notaport/0")
+    monkeypatch.chdir(tmp_path)
+    from conftest import GitRepo
+
+    GitRepo(tmp_path / "repo").commit({"a.py": "x = 1\n"})
+    result = CliRunner().invoke(main, ["gc", str(tmp_path / "repo")])
+    assert result.exit_code == 1 and "$CODEKV_STORE: bad port" in result.output
+
+
+def test_gc_on_the_shared_store_drops_kv_of_replaced_blobs(tiny_backend, git_repo, redis_url,
+                                                          byte_counter):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+    from codekv.compose import Composer, Passage
+    from codekv.gate import SupportGate
+    from codekv.index import Index
+
+    git_repo.commit({"a.py": "def alpha(x):\n    return x * 2\n",
+                     "b.py": "def beta():\n    return 1\n"})
+    index = Index(git_repo.root)
+    index.update()
+    composer = Composer(tiny_backend("llama"), index, redis_url, gate=SupportGate([], "test"),
+                        experimental=True)
+    assert composer.prefill(["a.py::alpha", "b.py::beta", Passage("some notes")]) == (3, 0)
+    index.close()
+    git_repo.commit({"a.py": "def alpha(x):\n    return x * 3\n"})
+    assert CliRunner().invoke(main, ["index", str(git_repo.root)]).exit_code == 0
+    result = CliRunner().invoke(main, ["gc", str(git_repo.root), "--store", redis_url])
+    assert result.exit_code == 0, result.output
+    assert "1 chunk KV files" in result.output
+    assert RedisKVStore(redis_url).stats().entries == 2  # beta and the passage stay
+
+
+def test_a_lease_is_released_when_its_entry_does_not_fit(redis_url, redis_server):
+    store = RedisKVStore(redis_url, max_bytes=100)
+    assert store.get_or_lease(make_key()) is None  # this process computes it...
+    assert redis_server.admin.keys("codekv:*:lease:*")
+    store.put(make_key(), make_entry())  # ...but it is too big to keep: waiters compute it
+    assert not redis_server.admin.keys("codekv:*") and store.error is None
+
+
+def test_local_store_in_front_keeps_a_copy_of_shared_hits(redis_url, tmp_path):
+    RedisKVStore(redis_url).put(make_key(), make_entry(seed=3))
+    local = LocalKVStore(tmp_path / "kv")
+    both = open_kv_store(f"local,{redis_url}", lambda: local)
+    assert isinstance(both, TieredKVStore) and not local.contains(make_key())
+    got = both.get(make_key())
+    assert got is not None and got.provenance["seed"] == 3
+    assert local.contains(make_key()) and local.get(make_key()).provenance["seed"] == 3
