@@ -5,14 +5,15 @@ Run: python benchmarks/bench_shared_store.py [--agents 1 2 4] [--tasks 4] [--url
 A team's agents read one area of a repository: every agent serves one of the evaluation's
 simulated agent sessions (``codekv.eval.reuse.agent_sessions``) over the same working set, with
 its own picks and orders (its own seed), composing each request (system prompt, chunks, a new
-question; ``anchors`` at 15%) from a shared store on one Redis. For 1, 2 and 4 agent processes
-started together: the share of chunk reads the store served, the share served by entries
-another agent computed (cross-agent hits), chunk prefills saved against agents with stores of
-their own, and requests per second over all agents. Then, in this process: the time to read a
-4,096-token request's chunks from Redis against the local memory-mapped store, and the bytes
-per token stored. Without ``--url`` it starts its own redis-server on 127.0.0.1 (emptied per
-run; 16-bit entries go to the next database). The default model; the quick repository of the
-evaluation (a few stdlib modules). About ten minutes on 2 cores shared with other work.
+question; ``anchors`` at 15%) from a shared store on one Redis. Four agent processes load the
+model once; the first 1, 2 and 4 of them then serve their sessions together on an empty store:
+the share of chunk reads the store served, the share served by entries another agent computed
+(cross-agent hits), chunk prefills saved against agents with stores of their own, and requests
+per second over all agents. Then, in this process: the time to read a 4,096-token request's
+chunks from the local memory-mapped store, Redis, and Redis in 16 bits; bytes per token stored;
+how far 16-bit KV moves a composed answer. Without ``--url`` it starts its own redis-server on
+127.0.0.1 (emptied per run; 16-bit entries go to the next database). The default model; the
+quick repository of the evaluation (a few stdlib modules). About five minutes on 2 quiet cores.
 """
 
 from __future__ import annotations
@@ -82,9 +83,8 @@ def session(repo: str, agent: int, seed: int, tasks: int, backend, index) -> lis
     raise SystemExit(f"{repo}: no file makes an agent session")
 
 
-def serve(args: tuple) -> dict:
-    """One agent process: load the model, wait for the others, serve its session."""
-    repo, url, agent, seed, tasks, start, threads = args
+def agent(conn, repo: str, threads: int) -> None:
+    """An agent process: load the model once, then serve one session per job it is sent."""
     import torch
 
     torch.set_num_threads(threads)
@@ -97,44 +97,53 @@ def serve(args: tuple) -> dict:
 
     backend = load_backend()
     index = Index(repo)
-    requests = session(repo, agent, seed, tasks, backend, index)
-    store = CountingStore(RedisKVStore(url), agent)
-    composer = Composer(backend, index, store=store, scope="bench:team", experimental=True)
     warm_up(backend)
-    start.wait()
-    began = time.perf_counter()
-    for n, chunks in enumerate(requests, 1):
-        composer.compose(chunks, QUESTION.format(n=n), prefix=reuse.SYSTEM_PROMPT,
-                         strategy="anchors", ratio=0.15)
-    seconds = time.perf_counter() - began
+    conn.send("ready")
+    while (job := conn.recv()) is not None:
+        url, number, seed, tasks = job
+        requests = session(repo, number, seed, tasks, backend, index)
+        store = CountingStore(RedisKVStore(url), number)
+        composer = Composer(backend, index, store=store, scope="bench:team", experimental=True)
+        began = time.perf_counter()
+        for n, chunks in enumerate(requests, 1):
+            composer.compose(chunks, QUESTION.format(n=n), prefix=reuse.SYSTEM_PROMPT,
+                             strategy="anchors", ratio=0.15)
+        conn.send({"requests": len(requests), "seconds": time.perf_counter() - began,
+                   "reads": store.reads, "error": store.error,
+                   "distinct": len({d for d, _, _ in store.reads})})
     index.close()
-    return {"agent": agent, "requests": len(requests), "seconds": seconds,
-            "reads": store.reads, "error": store.error,
-            "distinct": len({d for d, _, _ in store.reads})}
 
 
-def run_agents(repo: str, url: str, n: int, seed: int, tasks: int, threads: int) -> dict:
+def run_agents(agents: list, url: str, n: int, seed: int, tasks: int) -> dict:
+    """The first ``n`` agents, started together on an empty store."""
     import redis
 
     redis.Redis.from_url(url).flushdb()
-    context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager:
-        start = manager.Barrier(n)
-        with context.Pool(n) as pool:
-            began = time.perf_counter()
-            rows = pool.map(serve, [(repo, url, a, seed, tasks, start, threads)
-                                    for a in range(n)])
-            wall = time.perf_counter() - began
+    for number, (conn, _) in enumerate(agents[:n]):
+        conn.send((url, number, seed, tasks))
+    rows = [conn.recv() for conn, _ in agents[:n]]
     reads = [r for row in rows for r in row["reads"]]
     hits = sum(hit for _, hit, _ in reads)
-    cross = sum(other for _, _, other in reads)
-    prefills = len(reads) - hits
-    alone = sum(row["distinct"] for row in rows)  # each agent with its own store
-    requests = sum(row["requests"] for row in rows)
-    serving = max(row["seconds"] for row in rows)
-    return {"agents": n, "requests": requests, "reads": len(reads), "hits": hits,
-            "cross": cross, "prefills": prefills, "alone": alone, "serving_s": serving,
-            "wall_s": wall, "errors": [row["error"] for row in rows if row["error"]]}
+    return {"agents": n, "requests": sum(row["requests"] for row in rows),
+            "reads": len(reads), "hits": hits, "cross": sum(other for _, _, other in reads),
+            "prefills": len(reads) - hits,
+            "alone": sum(row["distinct"] for row in rows),  # each agent with its own store
+            "serving_s": max(row["seconds"] for row in rows),
+            "errors": [row["error"] for row in rows if row["error"]]}
+
+
+def start_agents(repo: str, n: int, threads: int) -> list:
+    context = multiprocessing.get_context("spawn")
+    agents = []
+    for _ in range(n):
+        parent, child = context.Pipe()
+        process = context.Process(target=agent, args=(child, repo, threads), daemon=True)
+        process.start()
+        agents.append((parent, process))
+    for conn, _ in agents:
+        if conn.recv() != "ready":
+            raise SystemExit("an agent process failed to start")
+    return agents
 
 
 def store_load(repo: str, url: str, target: int, repeats: int) -> dict:
@@ -240,8 +249,9 @@ def main() -> int:
         print(f"{'agents':>6} {'requests':>8} {'chunk reads':>11} {'store hits':>10} "
               f"{'cross-agent':>11} {'prefills':>8} {'alone':>5} {'saved':>6} {'req/s':>6} "
               f"{'load':>5}")
+        agents = start_agents(repo, max(args.agents), args.threads)
         for n in args.agents:
-            row = run_agents(repo, url, n, args.seed, args.tasks, args.threads)
+            row = run_agents(agents, url, n, args.seed, args.tasks)
             print(f"{n:>6} {row['requests']:>8} {row['reads']:>11} "
                   f"{row['hits'] / row['reads']:>10.0%} {row['cross'] / row['reads']:>11.0%} "
                   f"{row['prefills']:>8} {row['alone']:>5} "
@@ -249,6 +259,9 @@ def main() -> int:
                   f"{row['requests'] / row['serving_s']:>6.2f} {os.getloadavg()[0]:>5.1f}")
             for error in row["errors"]:
                 print(f"       store error: {error}")
+        for conn, process in agents:
+            conn.send(None)
+            process.join()
         load = store_load(repo, url, args.context, args.repeats)
         print(f"\nstore load, {load['tokens']}-token request in {load['chunks']} chunks "
               f"(median of {args.repeats}): local memory-mapped {load['local']:.3f} s, "
