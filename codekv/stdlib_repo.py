@@ -44,24 +44,30 @@ def make_stdlib_repo(dest: Path | None = None, limit: int | None = None) -> Path
     """Copy the stdlib's .py files into ``dest`` and commit them; reuse it when already made."""
     if dest is None:
         dest = paths.private_dir(paths.home() / "repos") / f"stdlib-{limit or 'all'}"
-    dest = Path(dest)
+    root = stdlib_dir()
+    sources = {source.relative_to(root).as_posix(): source for source in stdlib_files(limit)}
+    return committed_copy(Path(dest), sources, "standard library")
+
+
+def committed_copy(dest: Path, sources: dict[str, Path], message: str) -> Path:
+    """``dest`` as a git repository of ``sources`` (repository path -> file), made once:
+    built under a staging name and renamed, so an interrupted build is never taken as made."""
     if (dest / ".git").is_dir():
         return dest
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    root = stdlib_dir()
     repo = pygit2.init_repository(str(staging), initial_head="main")
-    sources = stdlib_files(limit)
-    for directory in sorted({source.parent for source in sources}):
-        (staging / directory.relative_to(root)).mkdir(parents=True, exist_ok=True)
+    for directory in sorted({(staging / relative).parent for relative in sources}):
+        directory.mkdir(parents=True, exist_ok=True)
     # Copying is system calls (sendfile): threads overlap them; staging holds only the copies,
     # so one add_all stages them all.
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda s: shutil.copyfile(s, staging / s.relative_to(root)), sources))
+        list(pool.map(lambda item: shutil.copyfile(item[1], staging / item[0]),
+                      sources.items()))
     repo.index.add_all()
     repo.index.write()
     tree = repo.index.write_tree()
-    repo.create_commit("HEAD", SIGNATURE, SIGNATURE, "standard library", tree, [])
+    repo.create_commit("HEAD", SIGNATURE, SIGNATURE, message, tree, [])
     staging.rename(dest)
     return dest
