@@ -15,7 +15,7 @@ from conftest import missing
 from codekv.compose import Composer, Passage
 from codekv.eval import command, markdown, methods, peer, pruning, reuse, runner, workloads
 from codekv.eval.methods import Method
-from codekv.eval.results import ROW_KEYS, aggregate
+from codekv.eval.results import ROW_KEYS, aggregate, comparisons
 from codekv.eval.runner import Measure
 from codekv.eval.support import (
     Thresholds,
@@ -176,24 +176,37 @@ def test_reuse_simulation_counts_every_prefill_token_once(stdlib_index):
 
 
 # -- the gate --------------------------------------------------------------------------------
-def _row(method, delta=0.0, agreement=1.0, speedup=3.0, tasks=12, recompute=None, fallbacks=0,
-         workload="code-qa"):
+def _row(method, delta=0.0, agreement=1.0, speedup=3.0, tasks=120, recompute=None, fallbacks=0,
+         workload="code-qa", drop=0.0):
+    """A result row whose intervals are the mean +- 0.02 (ΔNLL) and +- 0.5 (score drop)."""
     strategy, _, ratio = method.partition("@")
     ratio = float(ratio or 0)
     return {"workload": workload, "method": method, "strategy": strategy, "ratio": ratio,
-            "tasks": tasks, "delta_nll": delta, "agreement": agreement, "speedup": speedup,
+            "tasks": tasks, "delta_nll": delta, "delta_nll_ci": [delta - 0.02, delta + 0.02],
+            "agreement": agreement, "decisive_agreement": agreement, "speedup": speedup,
+            "score_drop": drop, "score_drop_ci": [drop - 0.5, drop + 0.5],
             "recompute_ratio": ratio if recompute is None else recompute,
             "fallbacks": fallbacks}
 
 
 def test_thresholds_each_fail_a_row():
     t = Thresholds()
-    assert failures(_row("hybrid@0.15", delta=0.05, agreement=0.95, speedup=2.0), t) == []
-    assert failures(_row("hybrid@0.15", delta=-0.051), t) == ["|delta NLL| 0.051 > 0.05"]
-    assert failures(_row("hybrid@0.15", agreement=0.949), t) == ["agreement 0.949 < 0.95"]
+    assert failures(_row("hybrid@0.15", delta=0.03, agreement=0.95, speedup=2.0, drop=0.5),
+                    t) == []
+    # The interval's upper end decides: a mean of 0.031 is not within 0.05 at +-0.02.
+    assert failures(_row("hybrid@0.15", delta=0.031), t) == ["delta NLL CI high 0.051 > 0.05"]
+    assert failures(_row("hybrid@0.15", delta=-0.5), t) == []  # better than full prefill
+    assert failures(_row("hybrid@0.15", drop=0.6), t) == ["score drop CI high 1.10 > 1.0"]
+    assert failures(_row("hybrid@0.15", agreement=0.949), t) == [
+        "decisive agreement 0.949 < 0.95"]
     assert failures(_row("hybrid@0.15", speedup=1.99), t) == ["speedup 1.99x < 2.0x"]
-    assert failures(_row("hybrid@0.15", tasks=9), t) == ["only 9 tasks (need 10)"]
+    assert failures(_row("hybrid@0.15", tasks=99), t) == ["only 99 tasks (need 100)"]
     assert failures(_row("hybrid@0.15", fallbacks=1), t) == ["1 requests fell back to full prefill"]
+    no_intervals = _row("hybrid@0.15") | {"delta_nll_ci": None, "score_drop_ci": None,
+                                          "decisive_agreement": None}
+    assert failures(no_intervals, t) == ["delta NLL CI high inf > 0.05",
+                                         "score drop CI high inf > 1.0",
+                                         "decisive agreement n/a < 0.95"]
 
 
 def test_gate_picks_the_cheapest_passing_strategy():
@@ -203,14 +216,14 @@ def test_gate_picks_the_cheapest_passing_strategy():
         _row("none", delta=0.3, agreement=0.7, speedup=9.0),
         _row("boundary@0.05", agreement=0.9),
         _row("boundary@0.15", delta=0.01),
-        _row("hybrid@0.1", delta=0.04, speedup=2.5),
+        _row("hybrid@0.1", delta=0.03, speedup=2.5),
         _row("anchors@0.25", delta=0.0),
     ]
     [entry] = gate_entries(rows, "llama")
     assert entry["passed"] is True
     assert (entry["strategy"], entry["ratio"], entry["method"]) == ("hybrid", 0.1, "hybrid@0.1")
-    assert entry["measured"]["delta_nll"] == 0.04
-    assert entry["thresholds"]["min_agreement"] == 0.95
+    assert entry["measured"]["delta_nll"] == 0.03
+    assert entry["thresholds"]["min_decisive_agreement"] == 0.95
     assert [c["method"] for c in entry["candidates"]] == [
         "none", "boundary@0.05", "boundary@0.15", "hybrid@0.1", "anchors@0.25"]
 
@@ -362,24 +375,61 @@ def test_the_command_reproduces_peers_and_throughput():
     assert command._peers("none") == () and command._peers("kvboost") == ("kvboost",)
 
 
-def _measure(method, delta, ttft, workload="rag", task="t", status="composed"):
+def _measure(method, delta, ttft, workload="rag", task="t", status="composed", similarity=80.0,
+             decisive=1.0):
     strategy, _, ratio = method.partition("@")
-    return Measure(workload, task, method, strategy, float(ratio or 0), status, 1.0 + delta,
-                   delta, False, 0.1, 0.2, 0.875, False, ttft, 4.0, 900, 20, 6, 0, 0.0)
+    return Measure(
+        workload=workload, task=task, method=method, strategy=strategy,
+        ratio=float(ratio or 0), status=status, nll=1.0 + delta, delta_nll=delta,
+        exact_match=False, kl=0.1, kl_answer=0.2, agreement=0.875, greedy_match=False,
+        decisive_agreement=decisive, decisive_positions=0 if decisive is None else 6,
+        near_ties=2, answer_exact=similarity == 100, edit_similarity=similarity,
+        identifier_f1=0.5, ttft_s=ttft, full_ttft_s=4.0, context_tokens=900, query_tokens=20,
+        answer_tokens=6, recomputed_tokens=0, recompute_ratio=0.0,
+        kind="reference" if method == "full" else "composition")
 
 
 def test_rows_aggregate_tasks_and_keep_the_schema():
     measures = [_measure("full", 0.0, 4.0, task="a"), _measure("full", 0.0, 4.0, task="b"),
-                _measure("hybrid@0.15", 0.1, 1.0, task="a"),
-                _measure("hybrid@0.15", -0.3, 3.0, task="b", status="full-prefill")]
+                _measure("hybrid@0.15", 0.1, 1.0, task="a", similarity=70.0, decisive=0.5),
+                _measure("hybrid@0.15", -0.3, 3.0, task="b", status="full-prefill",
+                         decisive=None)]
     full, hybrid = aggregate(measures)
     assert tuple(hybrid) == ROW_KEYS
     assert hybrid["tasks"] == 2 and hybrid["method"] == "hybrid@0.15" and hybrid["ratio"] == 0.15
     assert hybrid["delta_nll"] == pytest.approx(-0.1)
+    # Two tasks: the resampled means are -0.3, -0.1 or 0.1; the interval spans the extremes.
+    assert hybrid["delta_nll_ci"] == pytest.approx([-0.3, 0.1])
     assert hybrid["abs_delta_nll"] == pytest.approx(0.2)
     assert hybrid["speedup"] == pytest.approx((4.0 / 1.0 + 4.0 / 3.0) / 2)  # median of tasks
     assert hybrid["fallbacks"] == 1 and full["fallbacks"] == 0
+    # Full prefill scored 80 on both tasks, hybrid 70 and 80: drops of 10 and 0 points.
+    assert hybrid["score_drop"] == pytest.approx(5.0)
+    assert hybrid["score_drop_ci"] == pytest.approx([0.0, 10.0])
+    assert full["score_drop"] == 0.0 and full["edit_similarity"] == 80.0
+    # Decisive agreement: over the tasks that had decisive positions only.
+    assert hybrid["decisive_agreement"] == 0.5 and hybrid["decisive_agreement_ci"] is None
+    assert hybrid["decisive_positions"] == 6 and hybrid["near_ties"] == 4
     json.dumps([full, hybrid])
+
+
+def test_comparisons_pair_rules_on_the_same_tasks():
+    measures = [_measure(f"{rule}@0.15", delta, 1.0, task=task)
+                for rule, deltas in (("deviation", (0.2, -0.4, 0.3)),
+                                     ("query", (0.1, -0.1, 0.2)),
+                                     ("boundary", (0.3, 0.3, 0.3)))
+                for task, delta in zip("abc", deltas)]
+    measures.append(_measure("query@0.15", 0.9, 1.0, task="d"))  # no partner: left out
+    found = {(c["strategy"], c["baseline"]): c for c in comparisons(measures)}
+    query = found[("query", "deviation")]
+    assert query["tasks"] == 3
+    assert query["mean"] == pytest.approx(0.4 / 3) and query["baseline_mean"] == pytest.approx(0.3)
+    assert query["difference"] == pytest.approx(-0.5 / 3)  # per task: -0.1, -0.3, -0.1
+    low, high = query["difference_ci"]
+    assert -0.3 - 1e-12 <= low < high <= -0.1 + 1e-12
+    assert query["ratio_of_means"] == pytest.approx(0.4 / 0.9)
+    assert ("deviation", "deviation") not in found and ("boundary", "boundary") not in found
+    assert found[("deviation", "boundary")]["difference"] == pytest.approx(0.0)
 
 
 @pytest.mark.model

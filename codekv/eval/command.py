@@ -77,6 +77,8 @@ def canonical_command(config) -> str:
         parts += ["--peer-tasks", str(config.peer_tasks)]
     parts += ["--throughput-tasks", str(config.throughput_tasks)]
     parts += ["--min-tasks", str(config.thresholds.min_tasks)]
+    if not config.reorder:
+        parts.append("--no-reorder")
     if config.model:
         parts += ["--model", str(config.model)]
     return " ".join(parts)
@@ -121,8 +123,11 @@ def canonical_command(config) -> str:
                    "shipped codekv/data/support.json).")
 @click.option("--plots", type=click.Path(file_okay=False, path_type=Path),
               help="Write PNG plots here (needs matplotlib: the 'eval' extra).")
-@click.option("--min-tasks", type=int, default=10, show_default=True,
+@click.option("--min-tasks", type=int, default=100, show_default=True,
               help="Fewer tasks than this are not evidence for the gate.")
+@click.option("--no-reorder", is_flag=True,
+              help="Skip the full-reordered reference (full prefill of the chunks in another "
+                   "order).")
 @click.option("--reuse-tasks", type=int, default=None,
               help="Tasks per simulated agent session for the prefix-vs-composition reuse "
                    "estimate [20; --quick 8; 0 skips it].")
@@ -131,7 +136,7 @@ def canonical_command(config) -> str:
                    "or rediss://... (default: a temporary one, removed afterwards).")
 def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budgets,
                  pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens, model, quick,
-                 json_path, write_gate, plots, min_tasks, reuse_tasks, store):
+                 json_path, write_gate, plots, min_tasks, no_reorder, reuse_tasks, store):
     """Measure composition (and KV pruning baselines) against full prefill on generated
     workloads; write the gate file."""
     from codekv.eval import report
@@ -146,7 +151,7 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budg
                    pruning_tasks=pruning_tasks, peers=_peers(peers), peer_tasks=peer_tasks,
                    throughput_tasks=throughput_tasks,
                    context_tokens=context_tokens, model=model, reuse_tasks=reuse_tasks,
-                   store=str(store) if store else None,
+                   store=str(store) if store else None, reorder=False if no_reorder else None,
                    thresholds=Thresholds(min_tasks=min_tasks))
     if quick:
         config = EvalConfig.quick_config(**options)
@@ -176,7 +181,7 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budg
         write_json(write_gate, document)
         notes.append(f"support file written: {write_gate}")
     report.print_report(console, result.rows, result.gate, result.reuse, notes,
-                        result.throughput)
+                        result.throughput, result.comparisons)
     console.print(f"{len(result.tasks)} tasks in {result.seconds:.0f}s; reproduce with: {command}")
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from codekv.eval import methods, reuse, runner
-from codekv.eval.results import aggregate
+from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import WORKLOADS, CodeSource, generate
 
@@ -52,6 +52,7 @@ class EvalConfig:
     model: str | None = None
     store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
     quick: bool = False
+    reorder: bool = True  # the full-reordered reference row
     thresholds: Thresholds = field(default_factory=Thresholds)
 
     @classmethod
@@ -78,6 +79,7 @@ class EvalResult:
     measures: list[runner.Measure]
     tasks: list
     gate: list[dict]
+    comparisons: list[dict]
     reuse: dict | None
     notes: list[str]
     seconds: float
@@ -88,6 +90,7 @@ class EvalResult:
         return {
             "results": self.rows,
             "gate": self.gate,
+            "comparisons": self.comparisons,
             "reuse": self.reuse,
             "throughput": self.throughput,
             "model": self.model,
@@ -143,8 +146,8 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         notes.append(f"the machine was busy (mean load average {machine['loadavg_mean']:.1f} on "
                      f"{machine['cpus']} cores): timings and speedups are noisy")
     return EvalResult(config, _model(config, backend.info), rows, measures, tasks, entries,
-                      reuse_result, notes, time.perf_counter() - started, machine,
-                      throughput_rows)
+                      comparisons(measures), reuse_result, notes,
+                      time.perf_counter() - started, machine, throughput_rows)
 
 
 def _index(config: EvalConfig, say):
@@ -173,9 +176,12 @@ def _tasks(config: EvalConfig, index, count, notes: list[str]) -> list:
 
 def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
              ) -> list[runner.MethodRunner]:
-    """Composition, then the baselines that can run here (a note says why one cannot)."""
+    """Composition, the reordered reference, then the baselines that can run here (a note
+    says why one cannot)."""
     out: list[runner.MethodRunner] = [
         runner.Composition(methods.composition_methods(config.strategies, config.ratios))]
+    if config.reorder:
+        out.append(runner.Reordered())
     pruned = methods.pruning_methods(config.pruning, config.budgets)
     if pruned:
         from codekv.eval import pruning

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
+from codekv.eval.report import ci
+
 
 def _row(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -22,23 +24,47 @@ def _peer(row: dict) -> bool:
 
 
 def results_tables(data: dict) -> str:
+    """Composition and reference rows per workload, each mean with its 95% interval."""
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in data["results"]):
         lines += [f"### {workload}", ""]
-        lines.append(_row(["method", "ratio", "tasks", "ΔNLL", "agreement", "exact match",
-                           "KL", "TTFT s", "speedup"]))
-        lines.append(_row(["---"] * 9))
+        lines.append(_row(["method", "ratio", "tasks", "ΔNLL [95% CI]", "|ΔNLL| [95% CI]",
+                           "agreement", "decisive agreement", "near-ties",
+                           "edit-similarity drop [95% CI]", "KL", "TTFT s", "speedup"]))
+        lines.append(_row(["---"] * 12))
         for r in data["results"]:
             if r["workload"] != workload or _pruning(r) or _peer(r):
                 continue
             lines.append(_row([
                 r["strategy"] if "strategy" in r and r["strategy"] else r["method"],
-                f"{r['ratio']:.2f}", r["tasks"], f"{r['delta_nll']:+.3f}",
-                f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}", f"{r['kl']:.3f}",
-                f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
+                f"{r['ratio']:.2f}", r["tasks"], ci(r["delta_nll"], r["delta_nll_ci"], "+.3f"),
+                ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"), f"{r['agreement']:.2f}",
+                _optional(r["decisive_agreement"], ".2f"), r["near_ties"],
+                ci(r["score_drop"], r["score_drop_ci"], "+.1f"), f"{r['kl']:.3f}",
+                f"{r['ttft_s']:.2f}", _optional(r["speedup"], ".2f") + "x",
             ]))
         lines.append("")
     return "\n".join(lines)
+
+
+def comparison_tables(data: dict) -> str:
+    """Rules against the baselines at the same ratio: paired differences of mean |ΔNLL|."""
+    rows = data.get("comparisons") or []
+    if not rows:
+        return ""
+    lines = [_row(["workload", "rule", "baseline", "ratio", "tasks", "|ΔNLL| rule",
+                   "|ΔNLL| baseline", "difference [95% CI]", "rule / baseline"]),
+             _row(["---"] * 9)]
+    for c in rows:
+        lines.append(_row([c["workload"], c["strategy"], c["baseline"], f"{c['ratio']:g}",
+                           c["tasks"], f"{c['mean']:.3f}", f"{c['baseline_mean']:.3f}",
+                           ci(c["difference"], c["difference_ci"], "+.3f"),
+                           _optional(c["ratio_of_means"], ".2f")]))
+    return "\n".join(lines) + "\n"
+
+
+def _optional(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
 
 
 def pruning_tables(data: dict) -> str:
@@ -97,16 +123,18 @@ def throughput_table(data: dict) -> str:
 
 
 def gate_table(data: dict) -> str:
-    lines = [_row(["family", "workload", "verdict", "best / closest", "ΔNLL", "agreement",
-                   "speedup"]), _row(["---"] * 7)]
+    lines = [_row(["family", "workload", "verdict", "best / closest", "ΔNLL [95% CI]",
+                   "decisive agreement", "edit-similarity drop [95% CI]", "speedup"]),
+             _row(["---"] * 8)]
     for entry in data.get("gate", []):
         measured = entry.get("measured", {})
         lines.append(_row([
             entry["family"], entry["workload"], "pass" if entry["passed"] else "fail",
             entry.get("method") or entry.get("closest") or "-",
-            f"{measured.get('delta_nll', float('nan')):+.3f}",
-            f"{measured.get('agreement', float('nan')):.2f}",
-            f"{measured.get('speedup', float('nan')):.2f}x",
+            ci(measured.get("delta_nll"), measured.get("delta_nll_ci"), "+.3f"),
+            _optional(measured.get("decisive_agreement"), ".3f"),
+            ci(measured.get("score_drop"), measured.get("score_drop_ci"), "+.1f"),
+            _optional(measured.get("speedup"), ".2f") + "x",
         ]))
     return "\n".join(lines)
 
@@ -117,6 +145,9 @@ def main(argv: list[str]) -> int:
     print(gate_table(data))
     print()
     print(results_tables(data))
+    compared = comparison_tables(data)
+    if compared:
+        print(f"### Rules against baselines at the same ratio\n\n{compared}")
     pruning = pruning_tables(data)
     if pruning:
         print(pruning)

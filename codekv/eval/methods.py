@@ -96,6 +96,8 @@ class Method:
 
 
 REFERENCE = Method(FULL, 1.0, "reference")
+# Full prefill of the same chunks in another order: how much chunk order alone moves answers.
+FULL_REORDERED = Method("full-reordered", 1.0, "reference")
 
 
 def composition_methods(strategies=STRATEGIES, ratios=RATIOS) -> list[Method]:

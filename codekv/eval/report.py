@@ -20,21 +20,46 @@ def is_peer(row: dict) -> bool:
     return row.get("kind") == "peer"
 
 
+def ci(value, interval, fmt: str) -> str:
+    """A mean and its 95% interval: ``+0.052 [+0.031, +0.078]``."""
+    if value is None:
+        return "-"
+    if not interval:
+        return format(value, fmt)
+    return f"{value:{fmt}} [{interval[0]:{fmt}}, {interval[1]:{fmt}}]"
+
+
 def results_table(rows: list[dict], title: str = "codekv eval") -> Table:
-    table = Table(title=title)
-    for name in ("workload", "method", "tasks", "dNLL", "|dNLL|", "agree", "greedy=", "EM",
-                 "KL", "TTFT s", "speedup", "recomp"):
+    table = Table(title=title + " (95% intervals over tasks)")
+    for name in ("workload", "method", "tasks", "dNLL", "|dNLL|", "agree", "decisive",
+                 "ties", "ES drop", "KL", "TTFT s", "speedup", "recomp"):
         table.add_column(name, justify="left" if name in ("workload", "method") else "right")
     for r in rows:
         if is_pruning(r):
             continue
         table.add_row(
-            r["workload"], r["method"], str(r["tasks"]), _num(r["delta_nll"], "+.3f"),
-            _num(r["abs_delta_nll"], ".3f"), _num(r["agreement"], ".1%"),
-            _num(r["greedy_match"], ".0%"), _num(r["exact_match"], ".0%"), _num(r["kl"], ".3f"),
+            r["workload"], r["method"], str(r["tasks"]),
+            ci(r["delta_nll"], r["delta_nll_ci"], "+.3f"),
+            ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"), _num(r["agreement"], ".1%"),
+            _num(r["decisive_agreement"], ".1%"), str(r["near_ties"]),
+            ci(r["score_drop"], r["score_drop_ci"], "+.1f"), _num(r["kl"], ".3f"),
             _num(r["ttft_s"], ".2f"), _num(r["speedup"], ".1f") + "x",
             _num(r["recompute_ratio"], ".0%"),
         )
+    return table
+
+
+def comparisons_table(comparisons: list[dict]) -> Table:
+    """Paired differences of mean |dNLL| between rules at the same ratio, on the same tasks."""
+    table = Table(title="rules against baselines at the same ratio (paired, 95% intervals)")
+    for name in ("workload", "rule", "vs", "ratio", "tasks", "|dNLL|", "baseline", "difference",
+                 "rule/baseline"):
+        table.add_column(name, justify="left" if name in ("workload", "rule", "vs") else "right")
+    for c in comparisons:
+        table.add_row(c["workload"], c["strategy"], c["baseline"], f"{c['ratio']:g}",
+                      str(c["tasks"]), f"{c['mean']:.3f}", f"{c['baseline_mean']:.3f}",
+                      ci(c["difference"], c["difference_ci"], "+.3f"),
+                      _num(c["ratio_of_means"], ".2f"))
     return table
 
 
@@ -83,8 +108,11 @@ def gate_table(entries: list[dict]) -> Table:
 
 
 def print_report(console: Console, rows: list[dict], entries: list[dict] | None,
-                 reuse: dict | None, notes: list[str], throughput: list[dict] = ()) -> None:
+                 reuse: dict | None, notes: list[str], throughput: list[dict] = (),
+                 comparisons: list[dict] = ()) -> None:
     console.print(results_table(rows))
+    if comparisons:
+        console.print(comparisons_table(comparisons))
     if any(is_pruning(r) for r in rows):
         console.print(pruning_table(rows))
     if throughput:

@@ -11,22 +11,39 @@ teacher-forced, which gives in one pass per continuation:
 - KL(full || method) of the next-token distribution, and its mean over the answer's tokens;
 - agreement: the share of full prefill's first ``greedy_tokens`` greedy tokens that are also
   the method's top-1 at the same position (teacher-forced on full's continuation), and
-  greedy match: all of them are, i.e. greedy decoding gives exactly full prefill's tokens.
+  greedy match: all of them are, i.e. greedy decoding gives exactly full prefill's tokens;
+- decisive agreement: the same over the positions where full prefill's top token beats its
+  runner-up by at least ``DECISIVE_MARGIN`` in probability; the others are near-ties, where any
+  perturbation may flip the argmax, counted apart;
+- the task score of the method's own greedy answer, the way code-completion benchmarks score
+  it (``codekv.eval.scores``): exact match, edit similarity and identifier F1 against the
+  expected answer (a completion on its first line). The greedy answer equals full prefill's up
+  to the first position where the method's top-1 differs, so only the rest is decoded.
+
+``Reordered`` adds the reference ``full-reordered``: full prefill of the same chunks in another
+order, scored like a method, so every delta has the scale of what an agent's arbitrary chunk
+order already moves.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from codekv.compose import Composer
-from codekv.eval.methods import REFERENCE, Method
+from codekv.eval.methods import FULL_REORDERED, REFERENCE, Method
+from codekv.eval.scores import score
 from codekv.eval.workloads import Task
+
+DECISIVE_MARGIN = 0.1  # top-1 minus runner-up probability under full prefill
+ANSWER_TOKENS = 32  # at most this many tokens of a greedy answer are decoded and scored
+COMPLETION_SLACK = 8  # a completion line may run longer than expected before it is cut
 
 
 class MethodRunner(Protocol):
@@ -69,6 +86,33 @@ class Composition:
 
 
 @dataclass
+class Reordered:
+    """Full prefill of the task's chunks in another order (fixed by the task id): a reference
+    for how much the order of a request's chunks alone moves the answer."""
+
+    tasks: int | None = None
+    methods: list[Method] = field(default_factory=lambda: [FULL_REORDERED])
+
+    def count(self, workload: str) -> int:
+        return 1
+
+    def results(self, composer: Composer, task: Task, prefix: str | None = None
+                ) -> Iterator[tuple[Method, object]]:
+        if len(task.context) < 2:
+            return
+        yield FULL_REORDERED, composer.full_prefill(reordered(task), task.query, prefix)
+
+
+def reordered(task: Task) -> list:
+    """The task's context in another order, the same for every run of the task."""
+    order = list(range(len(task.context)))
+    rng = random.Random(f"reordered:{task.id}")
+    while order == sorted(order):
+        rng.shuffle(order)
+    return [task.context[i] for i in order]
+
+
+@dataclass
 class Measure:
     """One method on one task."""
 
@@ -85,6 +129,12 @@ class Measure:
     kl_answer: float
     agreement: float
     greedy_match: bool
+    decisive_agreement: float | None  # None: every greedy position was a near-tie
+    decisive_positions: int
+    near_ties: int
+    answer_exact: bool  # task score of the greedy answer: exact match,
+    edit_similarity: float  # edit similarity (0-100),
+    identifier_f1: float  # and identifier F1
     ttft_s: float
     full_ttft_s: float
     context_tokens: int
@@ -113,15 +163,26 @@ class _Reference:
 
     answer_ids: list[int]
     answer_logp: torch.Tensor  # [answer, vocab]
-    greedy_ids: list[int]
+    greedy_ids: list[int]  # full prefill's greedy answer (``answer_tokens`` long at most)
+    decisive: torch.Tensor  # [greedy_tokens] bool: full's top-1 clear of its runner-up
     nll: float
     ttft_s: float
+    greedy_tokens: int  # agreement is measured over the first ones of ``greedy_ids``
+    answer: str  # the expected answer
+    one_line: bool  # a completion: scored on its first line
 
     @classmethod
-    def of(cls, backend, full, answer_ids: list[int], greedy_tokens: int) -> _Reference:
+    def of(cls, backend, full, task: Task, greedy_tokens: int) -> _Reference:
+        answer_ids = backend.tokenize(task.answer)
+        one_line = task.kind == "completion"
+        length = min(ANSWER_TOKENS, len(answer_ids) + (COMPLETION_SLACK if one_line else 0))
+        greedy_ids = greedy(backend, full.state, max(greedy_tokens, length))
+        top2 = forced_logprobs(backend, full.state, greedy_ids[:greedy_tokens]).exp().topk(2)
+        margin = top2.values[:, 0] - top2.values[:, 1]
         logp = forced_logprobs(backend, full.state, answer_ids)
-        return cls(answer_ids, logp, greedy(backend, full.state, greedy_tokens),
-                   _nll(logp, answer_ids), full.report.ttft_s)
+        return cls(answer_ids, logp, greedy_ids, margin >= DECISIVE_MARGIN,
+                   _nll(logp, answer_ids), full.report.ttft_s, greedy_tokens, task.answer,
+                   one_line)
 
 
 def forced_logprobs(backend, state, token_ids: list[int]) -> torch.Tensor:
@@ -160,7 +221,7 @@ def run_task(composer: Composer, task: Task, runners: list[MethodRunner],
     chunks, for the runners that support one."""
     backend = composer.backend
     full = composer.full_prefill(task.context, task.query, prefix)
-    reference = _Reference.of(backend, full, backend.tokenize(task.answer), greedy_tokens)
+    reference = _Reference.of(backend, full, task, greedy_tokens)
     context_bytes = _context_kv_bytes(backend, full.state, full.report.context_tokens)
 
     def scored(method: Method, result) -> Measure:
@@ -187,12 +248,34 @@ def _nll(logp: torch.Tensor, answer_ids: list[int]) -> float:
     return float(-logp[torch.arange(len(answer_ids)), torch.tensor(answer_ids)].mean())
 
 
+def greedy_answer(backend, state, ref: _Reference, top1: torch.Tensor) -> list[int]:
+    """The state's own greedy answer, as long as full prefill's: full's tokens up to the first
+    position where the state's top-1 (``top1``, teacher-forced on full's tokens) differs, then
+    decoded from there; the state is left as it was."""
+    same = (top1 == torch.tensor(ref.greedy_ids)).tolist()
+    if all(same):
+        return list(ref.greedy_ids)
+    first = same.index(False)
+    answer = ref.greedy_ids[:first] + [int(top1[first])]
+    if len(answer) == len(ref.greedy_ids) or answer[-1] == backend.eos_token_id:
+        return answer
+    length, logits = state.length, state.logits
+    backend.extend(state, answer)
+    try:
+        return answer + greedy(backend, state, len(ref.greedy_ids) - len(answer))
+    finally:
+        backend.rewind(state, length, logits)
+
+
 def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Measure:
     logp = forced_logprobs(backend, result.state, ref.answer_ids)
-    greedy_logp = forced_logprobs(backend, result.state, ref.greedy_ids)
+    top1 = forced_logprobs(backend, result.state, ref.greedy_ids).argmax(-1)
     nll = _nll(logp, ref.answer_ids)
     kl = _kl(ref.answer_logp, logp)
-    agree = greedy_logp.argmax(-1) == torch.tensor(ref.greedy_ids)
+    agree = top1[: ref.greedy_tokens] == torch.tensor(ref.greedy_ids[: ref.greedy_tokens])
+    decisive = ref.decisive[: len(agree)]
+    answer = score(backend.detokenize(greedy_answer(backend, result.state, ref, top1)),
+                   ref.answer, one_line=ref.one_line)
     report = result.report
     return Measure(
         workload=task.workload, task=task.id, method=method.label, strategy=method.strategy,
@@ -200,6 +283,10 @@ def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Me
         exact_match=bool((logp.argmax(-1) == torch.tensor(ref.answer_ids)).all()),
         kl=float(kl[0]), kl_answer=float(kl.mean()),
         agreement=float(agree.float().mean()), greedy_match=bool(agree.all()),
+        decisive_agreement=float(agree[decisive].float().mean()) if decisive.any() else None,
+        decisive_positions=int(decisive.sum()), near_ties=int((~decisive).sum()),
+        answer_exact=answer.exact_match, edit_similarity=answer.edit_similarity,
+        identifier_f1=answer.identifier_f1,
         ttft_s=report.ttft_s, full_ttft_s=ref.ttft_s,
         context_tokens=report.context_tokens, query_tokens=report.query_tokens,
         answer_tokens=len(ref.answer_ids), recomputed_tokens=report.recomputed_tokens,

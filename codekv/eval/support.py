@@ -1,7 +1,9 @@
 """The support gate's verdicts: which (model family, workload) pairs may compose, and how.
 
-A pair passes when some composition strategy met every threshold on enough tasks; the entry
-then names the cheapest such strategy and ratio (least recomputed, then fastest). A pair that
+A pair passes when some composition strategy met every threshold on enough tasks, judged on
+the evidence's confidence intervals rather than its means (docs/semantics.md has the
+definition); the entry then names the cheapest such strategy and ratio (least recomputed,
+then fastest). A pair that
 was evaluated and failed gets an entry that says why, with the measurements of the candidate
 closest to passing. A pair never evaluated gets no entry: the gate treats it as unsupported.
 """
@@ -9,6 +11,7 @@ closest to passing. A pair never evaluated gets no entry: the gate treats it as 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -16,18 +19,29 @@ from pathlib import Path
 
 from codekv.eval.methods import GATE_STRATEGIES
 
-MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_se", "agreement", "greedy_match", "kl",
-                 "exact_match", "ttft_s", "full_ttft_s", "speedup", "recompute_ratio",
-                 "context_tokens")
+MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
+                 "decisive_agreement", "near_ties", "edit_similarity", "score_drop",
+                 "score_drop_ci", "greedy_match", "kl", "exact_match", "ttft_s", "full_ttft_s",
+                 "speedup", "recompute_ratio", "context_tokens")
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    max_abs_delta_nll: float = 0.05  # |mean answer NLL difference|, nats/token
-    min_agreement: float = 0.95  # greedy top-1 agreement with full prefill
+    # The upper end of the 95% interval of mean answer NLL difference, nats/token.
+    max_delta_nll_high: float = 0.05
+    # The upper end of the 95% interval of the task-score drop (full prefill's edit similarity
+    # minus the method's, 0-100 points).
+    max_score_drop_high: float = 1.0
+    # Greedy top-1 agreement with full prefill where full's top token beats its runner-up by
+    # >= 0.1 in probability (near-ties flip under any perturbation; they are reported apart).
+    min_decisive_agreement: float = 0.95
     min_speedup: float = 2.0  # median over tasks of full prefill TTFT / composed TTFT
-    # (composed TTFT includes reading the chunk store)
-    min_tasks: int = 10  # fewer tasks are not evidence
+    # (composed TTFT includes reading the chunk store and every selection pass)
+    min_tasks: int = 100  # fewer tasks are not evidence
+
+
+def _high(interval) -> float:
+    return interval[1] if interval else math.inf
 
 
 def failures(row: dict, thresholds: Thresholds) -> list[str]:
@@ -38,10 +52,16 @@ def failures(row: dict, thresholds: Thresholds) -> list[str]:
         out.append(f"only {row['tasks']} tasks (need {t.min_tasks})")
     if row.get("fallbacks"):
         out.append(f"{row['fallbacks']} requests fell back to full prefill")
-    if abs(row["delta_nll"]) > t.max_abs_delta_nll:
-        out.append(f"|delta NLL| {abs(row['delta_nll']):.3f} > {t.max_abs_delta_nll}")
-    if row["agreement"] < t.min_agreement:
-        out.append(f"agreement {row['agreement']:.3f} < {t.min_agreement}")
+    if _high(row["delta_nll_ci"]) > t.max_delta_nll_high:
+        out.append(f"delta NLL CI high {_high(row['delta_nll_ci']):.3f} > "
+                   f"{t.max_delta_nll_high}")
+    if _high(row["score_drop_ci"]) > t.max_score_drop_high:
+        out.append(f"score drop CI high {_high(row['score_drop_ci']):.2f} > "
+                   f"{t.max_score_drop_high}")
+    decisive = row["decisive_agreement"]
+    if decisive is None or decisive < t.min_decisive_agreement:
+        shown = "n/a" if decisive is None else f"{decisive:.3f}"
+        out.append(f"decisive agreement {shown} < {t.min_decisive_agreement}")
     if row["speedup"] is None or row["speedup"] < t.min_speedup:
         speedup = "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}x"
         out.append(f"speedup {speedup} < {t.min_speedup}x")
@@ -65,7 +85,7 @@ def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresho
                          method=best["method"], measured=_measured(best),
                          reason=f"{best['method']} meets every threshold")
         elif judged:
-            closest, why = min(judged, key=lambda j: (len(j[1]), abs(j[0]["delta_nll"])))
+            closest, why = min(judged, key=lambda j: (len(j[1]), _high(j[0]["delta_nll_ci"])))
             entry.update(passed=False, strategy=None, ratio=None, method=None,
                          closest=closest["method"], measured=_measured(closest),
                          reason=f"no strategy meets the thresholds; closest {closest['method']}: "

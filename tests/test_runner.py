@@ -1,0 +1,105 @@
+"""The evaluation's per-task measures, checked against the backend's own decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codekv.compose import Composer, Passage
+from codekv.eval import runner, workloads
+from codekv.eval.methods import Method
+from codekv.eval.scores import score
+from codekv.kvstore import LocalKVStore
+
+CONTEXT = [Passage("def area(w, h):\n    return w * h\n", "a"),
+           Passage("the quick brown fox jumps over the lazy dog", "b"),
+           Passage("class Stack:\n    def push(self, item):\n        pass\n", "c")]
+
+
+@pytest.fixture
+def composer(tiny_backend, tmp_path):
+    backend = tiny_backend("llama", seed=3)
+    return Composer(backend, None, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+
+
+def task(kind="quote", answer="self, item)"):
+    return workloads.Task("rag", "t0", kind, CONTEXT, "def push(", answer, "c")
+
+
+def test_greedy_answers_are_each_methods_own_decoding(composer):
+    backend = composer.backend
+    t = task()
+    full, every, none = runner.run_task(
+        composer, t, [runner.Composition([Method("all", 1.0), Method("none")])])
+    full_state = composer.full_prefill(t.context, t.query).state
+    n = len(backend.tokenize(t.answer))  # not a completion: as long as the answer
+    expected = score(backend.detokenize(backend.generate(full_state, n)), t.answer)
+    assert (full.edit_similarity, full.identifier_f1) == (expected.edit_similarity,
+                                                          expected.identifier_f1)
+    assert every.edit_similarity == full.edit_similarity
+    naive = composer.compose(t.context, t.query, strategy="none").state
+    own = score(backend.detokenize(backend.generate(naive, n)), t.answer)
+    assert none.edit_similarity == own.edit_similarity
+    assert none.answer_exact == own.exact_match
+
+
+def test_greedy_answer_decodes_only_after_the_first_difference(composer):
+    backend = composer.backend
+    t = task()
+    full = composer.full_prefill(t.context, t.query)
+    ref = runner._Reference.of(backend, full, t, greedy_tokens=8)
+    for name in ("none", "boundary"):
+        state = composer.compose(t.context, t.query, strategy=name, ratio=0.3).state
+        top1 = runner.forced_logprobs(backend, state, ref.greedy_ids).argmax(-1)
+        length = state.length
+        answer = runner.greedy_answer(backend, state, ref, top1)
+        assert state.length == length  # left as it was
+        expected = backend.generate(state, len(ref.greedy_ids))
+        eos = backend.eos_token_id
+        assert [t for t in answer if t != eos] == expected[: len(answer)]
+
+
+def test_decisive_positions_are_where_full_prefill_is_clear(composer):
+    backend = composer.backend
+    t = task()
+    full = composer.full_prefill(t.context, t.query)
+    ref = runner._Reference.of(backend, full, t, greedy_tokens=6)
+    state = full.state
+    margins = []
+    for token in ref.greedy_ids[:6]:
+        top = torch.softmax(state.logits.float(), -1).topk(2).values
+        margins.append(float(top[0] - top[1]))
+        backend.extend(state, [token])
+    assert ref.decisive.tolist() == [m >= runner.DECISIVE_MARGIN for m in margins]
+    [measure] = [m for m in runner.run_task(composer, t, [], greedy_tokens=6)]
+    assert measure.decisive_positions + measure.near_ties == len(ref.greedy_ids[:6])
+    assert measure.decisive_positions == sum(margins[i] >= 0.1 for i in range(6))
+
+
+def test_completions_are_scored_on_their_first_line(composer):
+    t = task(kind="completion", answer="    return w * h\n")
+    full, = runner.run_task(composer, t, [])
+    ref = runner._Reference.of(composer.backend, composer.full_prefill(t.context, t.query), t, 8)
+    assert len(ref.greedy_ids) == min(runner.ANSWER_TOKENS,
+                                      len(composer.backend.tokenize(t.answer))
+                                      + runner.COMPLETION_SLACK)
+    text = composer.backend.detokenize(ref.greedy_ids)
+    assert full.edit_similarity == score(text, t.answer, one_line=True).edit_similarity
+
+
+def test_the_reordered_reference_is_full_prefill_in_another_order(composer):
+    backend = composer.backend
+    t = task()
+    order = runner.reordered(t)
+    assert sorted(p.name for p in order) == sorted(p.name for p in CONTEXT)
+    assert order != CONTEXT and runner.reordered(t) == order  # another order, always the same
+    full, reordered = runner.run_task(composer, t, [runner.Reordered()])
+    assert (reordered.method, reordered.kind, reordered.status) == (
+        "full-reordered", "reference", "full-prefill")
+    alone = composer.full_prefill(order, t.query).state
+    assert reordered.nll == pytest.approx(backend.score(alone, backend.tokenize(t.answer)),
+                                          abs=1e-5)
+    assert reordered.delta_nll == pytest.approx(reordered.nll - full.nll)
+    assert reordered.kl > 1e-6  # random weights: the order moves the distribution
+    one = workloads.Task("rag", "t1", "quote", CONTEXT[:1], "def push(", "self", "a")
+    assert [m.method for m in runner.run_task(composer, one, [runner.Reordered()])] == ["full"]
