@@ -441,17 +441,20 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     result = CliRunner().invoke(command.eval_command, [
         "--quick", "--workload", "tool-docs", "--tasks", "1", "--strategies", "none,hybrid",
         "--pruning", "snapkv,pyramidkv,anchor-preserving", "--peers", "kvboost-passage",
-        "--json", str(out),
+        "--prefix", "none", "--json", str(out),
         "--write-gate", str(gate), "--plots", str(plots),
     ])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     # anchor-preserving needs code anchors: tool docs have none, so it did not run.
     assert [r["method"] for r in data["results"]] == [
-        "full", "none", "hybrid@0.15", "snapkv@kv0.5", "pyramidkv@kv0.5",
+        "full", "none", "hybrid@0.15", "full-reordered", "snapkv@kv0.5", "pyramidkv@kv0.5",
         "kvboost-passage@0.15"]
     assert all(tuple(r) == ROW_KEYS for r in data["results"])
-    full, none, hybrid, snapkv, pyramid, kvboost = data["results"]
+    full, none, hybrid, reordered, snapkv, pyramid, kvboost = data["results"]
+    assert reordered["kind"] == "reference" and reordered["context_tokens"] == full[
+        "context_tokens"]
+    assert full["score_drop"] == 0 and full["near_ties"] + full["decisive_positions"] > 0
     assert kvboost["kind"] == "peer" and kvboost["context_tokens"] == full["context_tokens"]
     assert "kvboost-passage@0.15" in markdown.peer_table(data)
     assert "kvboost" not in markdown.results_tables(data)
@@ -462,7 +465,7 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     assert none["recompute_ratio"] == 0 and 0.1 <= hybrid["recompute_ratio"] <= 0.2
     assert all(r["ttft_s"] > 0 and r["context_tokens"] > 200 for r in data["results"])
     assert [r["kind"] for r in data["results"]] == ["reference", "composition", "composition",
-                                                    "pruning", "pruning", "peer"]
+                                                    "reference", "pruning", "pruning", "peer"]
     for row in (snapkv, pyramid):
         assert row["budget"] == row["ratio"] == 0.5 and row["tasks"] == 1
         assert row["kv_kept"] == pytest.approx(0.5, abs=0.01)
@@ -473,7 +476,8 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     assert (plots / "pruning_vs_budget.png").stat().st_size > 0
     assert "| snapkv | 50% |" in markdown.pruning_tables(data)
     assert "snapkv" not in markdown.results_tables(data)
-    assert data["command"].startswith("codekv eval --quick --workload tool-docs --tasks 1")
+    assert data["command"].startswith(
+        "codekv eval --quick --prefix none --workload tool-docs --tasks 1")
     assert "--pruning snapkv,pyramidkv,anchor-preserving --budgets 0.5" in data["command"]
     support = json.loads(gate.read_text())
     [entry] = support["entries"]
@@ -481,3 +485,47 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     assert entry["passed"] is False and "only 1 tasks" in entry["reason"]  # not evidence
     assert [c["method"] for c in entry["candidates"]] == ["none", "hybrid@0.15"]
     assert support["generated_by"] == data["command"]
+
+
+# -- repositories, system prompt, command ----------------------------------------------------
+def test_code_qa_tasks_are_split_between_repositories(tmp_path, byte_counter):
+    from conftest import GitRepo
+
+    from codekv.eval.harness import EvalConfig, _tasks
+
+    indexes = {}
+    for name in ("first", "second"):
+        repo = GitRepo(tmp_path / name)
+        indexes[name] = _index(repo, {f: (stdlib_dir() / f).read_bytes() for f in STDLIB_FILES})
+    notes = []
+    config = EvalConfig(workloads=("code-qa",), tasks=5, context_tokens=900)
+    made = _tasks(config, indexes, workloads.approx_tokens, notes)
+    assert [t.meta["repo"] for t in made] == ["first"] * 3 + ["second"] * 2
+    assert all(t.id.startswith(f"{t.meta['repo']}/code-qa-") for t in made)
+    alone = workloads.code_qa(indexes["second"], 2, seed=0, context_tokens=900)
+    assert [t.query for t in made[3:]] == [t.query for t in alone]  # as if drawn alone
+    assert notes == []
+    [single] = _tasks(EvalConfig(workloads=("code-qa",), tasks=1, context_tokens=900),
+                      {"first": indexes["first"]}, workloads.approx_tokens, notes)
+    assert single.id == "code-qa-0-0" and single.meta["repo"] == "first"
+
+
+def test_the_command_reproduces_repositories_and_the_system_prompt():
+    from codekv.eval.harness import AGENT_PROMPT, EvalConfig
+
+    default = command.canonical_command(EvalConfig())
+    assert "--repo" not in default and "--prefix" not in default
+    assert EvalConfig().prefix == AGENT_PROMPT and EvalConfig().repos == ("stdlib",
+                                                                          "package:rich")
+    other = command.canonical_command(EvalConfig(repos=("/src/my repo",), prefix=""))
+    assert "--repo '/src/my repo' --prefix none" in other
+    assert EvalConfig.quick_config().repos == ("stdlib-quick",)
+
+
+def test_baselines_without_a_system_prompt_are_skipped_with_one(tiny_backend):
+    from codekv.eval.harness import EvalConfig, _runners
+
+    notes = []
+    kinds = _runners(EvalConfig(pruning=("snapkv",), peers=()), tiny_backend("llama"), [], notes)
+    assert [type(r).__name__ for r in kinds] == ["Composition", "Reordered"]
+    assert "--prefix none" in notes[0]

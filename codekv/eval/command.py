@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -59,8 +60,13 @@ def canonical_command(config) -> str:
     parts = ["codekv", "eval"]
     if config.quick:
         parts.append("--quick")
-    if config.repo:
-        parts += ["--repo", config.repo]
+    from codekv.eval.harness import AGENT_PROMPT, QUICK_REPOS, REPOS
+
+    if tuple(config.repos) != (QUICK_REPOS if config.quick else REPOS):
+        for repo in config.repos:
+            parts += ["--repo", shlex.quote(repo)]
+    if config.prefix != AGENT_PROMPT:
+        parts += ["--prefix", shlex.quote(config.prefix) if config.prefix else "none"]
     for workload in config.workloads:
         if tuple(config.workloads) != tuple(WORKLOADS.values()):
             parts += ["--workload", workload]
@@ -85,9 +91,16 @@ def canonical_command(config) -> str:
 
 
 @click.command("eval")
-@click.option("--repo", default=None,
-              help="Git repository for code-qa (default: the standard library; --quick: a few "
-                   "of its modules).")
+@click.option("--repo", "repos", multiple=True,
+              help="Repository for code-qa, repeatable; its tasks are split evenly: a path, "
+                   "'stdlib', 'stdlib-quick' or 'package:NAME' (an installed package's source) "
+                   "[stdlib and package:rich; --quick: stdlib-quick].")
+@click.option("--prefix", default=None,
+              help="System prompt before the chunks, or 'none' for requests without one "
+                   "[a one-sentence agent prompt].")
+@click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path),
+              help="Keep each finished task's measures in this file and skip the tasks already "
+                   "in it: an interrupted run resumes.")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(list(WORKLOADS.values())),
               help="Workloads to run (default: all).")
 @click.option("--tasks", type=int, default=None, help="Tasks per workload [12; --quick 2].")
@@ -134,24 +147,30 @@ def canonical_command(config) -> str:
 @click.option("--store", type=StoreParam(shared=True), default=None,
               help="Chunk KV store to use: a directory, or redis://[user:password@]host:port/db "
                    "or rediss://... (default: a temporary one, removed afterwards).")
-def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budgets,
-                 pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens, model, quick,
-                 json_path, write_gate, plots, min_tasks, no_reorder, reuse_tasks, store):
+def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, strategies, pruning,
+                 budgets, pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens,
+                 model, quick, json_path, write_gate, plots, min_tasks, no_reorder, reuse_tasks,
+                 store):
     """Measure composition (and KV pruning baselines) against full prefill on generated
     workloads; write the gate file."""
     from codekv.eval import report
+    from codekv.eval.checkpoint import CheckpointMismatch
     from codekv.eval.harness import EvalConfig, evaluate
     from codekv.eval.support import Thresholds, support_document, write_json
     from codekv.models import ModelLoadError
     from codekv.stores import StoreSpecError
 
-    options = dict(repo=repo, workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
+    if prefix is not None and prefix.strip() == "none":
+        prefix = ""  # no system prompt (None would mean the default one)
+    options = dict(repos=tuple(repos) or None, prefix=prefix,
+                   workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
                    ratios=_floats(ratios), strategies=_names(strategies),
                    pruning=_pruning(pruning), budgets=_budgets(budgets),
                    pruning_tasks=pruning_tasks, peers=_peers(peers), peer_tasks=peer_tasks,
                    throughput_tasks=throughput_tasks,
                    context_tokens=context_tokens, model=model, reuse_tasks=reuse_tasks,
                    store=str(store) if store else None, reorder=False if no_reorder else None,
+                   checkpoint=str(checkpoint) if checkpoint else None,
                    thresholds=Thresholds(min_tasks=min_tasks))
     if quick:
         config = EvalConfig.quick_config(**options)
@@ -160,7 +179,7 @@ def eval_command(repo, workloads, tasks, seed, ratios, strategies, pruning, budg
     console = Console(width=max(140, Console().width))  # the table needs room, even in a pipe
     try:
         result = _run_with_progress(config, evaluate)
-    except (ModelLoadError, StoreSpecError) as error:
+    except (ModelLoadError, StoreSpecError, CheckpointMismatch) as error:
         raise click.ClickException(str(error)) from error
     notes = list(result.notes)
     if plots:

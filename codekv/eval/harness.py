@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from codekv.eval import methods, reuse, runner
+from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import WORKLOADS, CodeSource, generate
@@ -26,13 +27,21 @@ PRUNING_TASKS = 4
 # The peer library (kvboost) costs about two full prefills a task (its CacheBlend pass is a
 # forward over every cached token), plus warming: the same subset as pruning.
 PEER_TASKS = 4
+# Where code-qa draws its tasks, split evenly: the standard library the rules were developed
+# on, and a real project they were not (repository specs: see ``resolve_repo``).
+REPOS = ("stdlib", f"package:{SECOND_REPO_PACKAGE}")
+QUICK_REPOS = ("stdlib-quick",)
+# Requests shaped like an agent's: a system prompt (served by the exact-prefix path; chunks
+# are prefilled after it) before the chunks. ``--prefix none`` is the ablation without one.
+AGENT_PROMPT = ("You are a coding agent working in a git repository. Read the code and "
+                "documents below, then answer the request that follows them.\n")
 # Throughput: one agent session served by each of these, from a cold chunk store.
 THROUGHPUT_METHODS = (("full", 1.0), ("none", 0.0), ("boundary", 0.15), ("anchors", 0.15))
 
 
 @dataclass
 class EvalConfig:
-    repo: str | None = None  # default: the standard library (a small part of it with quick)
+    repos: tuple[str, ...] = REPOS  # where code-qa tasks come from (--quick: QUICK_REPOS)
     workloads: tuple[str, ...] = WORKLOADS
     tasks: int = 12  # per workload
     seed: int = 0
@@ -52,12 +61,14 @@ class EvalConfig:
     model: str | None = None
     store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
     quick: bool = False
+    prefix: str = AGENT_PROMPT  # the system prompt before the chunks; "": none
     reorder: bool = True  # the full-reordered reference row
+    checkpoint: str | None = None  # finished tasks' measures; an interrupted run resumes
     thresholds: Thresholds = field(default_factory=Thresholds)
 
     @classmethod
     def quick_config(cls, **overrides) -> EvalConfig:
-        values = dict(QUICK, quick=True)
+        values = dict(QUICK, quick=True, repos=QUICK_REPOS)
         values.update({k: v for k, v in overrides.items() if v is not None})
         reuse_tasks = values.pop("reuse_tasks")
         return cls(reuse_tasks=reuse_tasks, **values)
@@ -67,7 +78,7 @@ class EvalConfig:
         data["workloads"], data["strategies"] = list(self.workloads), list(self.strategies)
         data["ratios"] = list(self.ratios)
         data["pruning"], data["budgets"] = list(self.pruning), list(self.budgets)
-        data["peers"] = list(self.peers)
+        data["peers"], data["repos"] = list(self.peers), list(self.repos)
         return data
 
 
@@ -103,11 +114,19 @@ class EvalResult:
         }
 
 
-def default_repo(quick: bool) -> str:
-    from codekv.eval.repos import quick_repo
+def resolve_repo(spec: str) -> str:
+    """A repository spec as a path: ``stdlib`` (this Python's standard library), ``stdlib-quick``
+    (a few of its modules), ``package:NAME`` (an installed package's source), else a path."""
+    from codekv.eval.repos import package_repo, quick_repo
     from codekv.stdlib_repo import make_stdlib_repo
 
-    return str(quick_repo() if quick else make_stdlib_repo())
+    if spec == "stdlib":
+        return str(make_stdlib_repo())
+    if spec == "stdlib-quick":
+        return str(quick_repo())
+    if spec.startswith("package:"):
+        return str(package_repo(spec.removeprefix("package:")))
+    return spec
 
 
 def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | None = None,
@@ -127,20 +146,21 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
     def count(text: str) -> int:
         return len(backend.tokenize(text))
 
-    index = _index(config, say)
+    indexes = _indexes(config, say)
+    index = next(iter(indexes.values()), None)  # reuse and throughput: the first repository
     try:
         say("Generating workloads")
-        tasks = _tasks(config, index, count, notes)
+        tasks = _tasks(config, indexes, count, notes)
         runners = _runners(config, backend, tasks, notes)
-        measures = _measure(config, backend, index, tasks, runners, loads, progress)
+        measures = _measure(config, backend, indexes, tasks, runners, loads, progress)
         rows = aggregate(measures)
         info = backend.info
         entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint)
         reuse_result = _reuse(config, index, backend, count, entries, say)
         throughput_rows = _throughput(config, index, backend, count, own_backend, notes, say)
     finally:
-        if index is not None:
-            index.close()
+        for opened in indexes.values():
+            opened.close()
     machine = _machine(backend, loads)
     if machine["loadavg_mean"] > 1.25 * machine["cpus"]:  # this run alone loads every core
         notes.append(f"the machine was busy (mean load average {machine['loadavg_mean']:.1f} on "
@@ -150,24 +170,39 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
                       time.perf_counter() - started, machine, throughput_rows)
 
 
-def _index(config: EvalConfig, say):
-    """The indexed repository code-qa draws from (None without code-qa)."""
+def _indexes(config: EvalConfig, say) -> dict:
+    """The indexed repositories code-qa draws from, by spec (none without code-qa)."""
     if "code-qa" not in config.workloads:
-        return None
+        return {}
     from codekv.index import Index
 
-    repo = config.repo or default_repo(config.quick)
-    say(f"Indexing {repo}")
-    index = Index(repo)
-    index.update()
-    return index
+    indexes = {}
+    for spec in config.repos:
+        path = resolve_repo(spec)
+        say(f"Indexing {path}")
+        indexes[spec] = Index(path)
+        indexes[spec].update()
+    return indexes
 
 
-def _tasks(config: EvalConfig, index, count, notes: list[str]) -> list:
+def _tasks(config: EvalConfig, indexes: dict, count, notes: list[str]) -> list:
+    """Each workload's tasks; code-qa's split evenly between the repositories, each task
+    marked with its repository (and its id prefixed with it when there are several)."""
     tasks = []
     for workload in config.workloads:
-        made = generate(workload, config.tasks, config.seed, config.context_tokens, count,
-                        index=index, max_query_tokens=config.max_query_tokens)
+        if workload == "code-qa":
+            made = []
+            for i, (spec, index) in enumerate(indexes.items()):
+                share = config.tasks // len(indexes) + (i < config.tasks % len(indexes))
+                for task in generate(workload, share, config.seed, config.context_tokens, count,
+                                     index=index, max_query_tokens=config.max_query_tokens):
+                    task.meta["repo"] = spec
+                    if len(indexes) > 1:
+                        task.id = f"{spec}/{task.id}"
+                    made.append(task)
+        else:
+            made = generate(workload, config.tasks, config.seed, config.context_tokens, count,
+                            max_query_tokens=config.max_query_tokens)
         if len(made) < config.tasks:
             notes.append(f"{workload}: only {len(made)} of {config.tasks} tasks could be made")
         tasks.extend(made)
@@ -183,6 +218,11 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
     if config.reorder:
         out.append(runner.Reordered())
     pruned = methods.pruning_methods(config.pruning, config.budgets)
+    peers = methods.peer_methods(config.peers, config.peer_ratio)
+    if config.prefix and (pruned or peers):
+        notes.append("KV pruning and the peer library are measured without a system prompt: "
+                     "they ran only with --prefix none")
+        pruned = peers = []
     if pruned:
         from codekv.eval import pruning
 
@@ -192,7 +232,6 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
         else:
             notes.append(_pruning_note(config, tasks))
             out.append(pruning.Pruning(pruned, config.pruning_tasks))
-    peers = methods.peer_methods(config.peers, config.peer_ratio)
     if peers:
         from codekv.eval import peer
 
@@ -207,17 +246,30 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
     return out
 
 
-def _measure(config: EvalConfig, backend, index, tasks: list, runners: list, loads: list,
-             progress) -> list[runner.Measure]:
-    """Every scheduled method on every task, on a chunk store of its own."""
+def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: list,
+             loads: list, progress) -> list[runner.Measure]:
+    """Every scheduled method on every task, on a chunk store of its own, resuming from the
+    checkpoint when there is one."""
     from codekv.compose import Composer
+    from codekv.eval.checkpoint import Checkpoint
     from codekv.stores import open_kv_store
 
     temporary = None if config.store else tempfile.mkdtemp(prefix="codekv-eval-kv-")
     try:
         store = open_kv_store(config.store or temporary)
-        composer = Composer(backend, index, store=store, scope=f"eval:{config.seed}",
+        composers = {spec: Composer(backend, index, store=store, scope=f"eval:{config.seed}",
+                                    experimental=True)
+                     for spec, index in indexes.items()}
+        passages = Composer(backend, None, store=store, scope=f"eval:{config.seed}",
                             experimental=True)
+
+        def composer_for(task):
+            return composers.get(task.meta.get("repo"), passages)
+
+        checkpoint = None
+        if config.checkpoint:
+            key = {k: v for k, v in config.as_json().items() if k not in ("store", "checkpoint")}
+            checkpoint = Checkpoint(config.checkpoint, key)
         total = runner.requests(tasks, runners)
         if progress is not None:
             progress("Evaluating", 0, total)
@@ -227,7 +279,10 @@ def _measure(config: EvalConfig, backend, index, tasks: list, runners: list, loa
             if progress is not None:
                 progress(text, step, total)
 
-        return runner.run(composer, tasks, runners, config.greedy_tokens, report)
+        return runner.run(composer_for, tasks, runners, config.greedy_tokens, report,
+                          config.prefix, checkpoint.done if checkpoint else None,
+                          (lambda task, done: checkpoint.add(task.id, done)) if checkpoint
+                          else None)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)

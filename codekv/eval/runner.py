@@ -318,21 +318,38 @@ def requests(tasks: list[Task], runners: list[MethodRunner]) -> int:
                for r in active)
 
 
-def run(composer: Composer, tasks: list[Task], runners: list[MethodRunner],
-        greedy_tokens: int = 8, progress: Callable[[str, int], None] | None = None
-        ) -> list[Measure]:
-    """All tasks, each with the runners scheduled on it; ``progress(description, advance)``
-    after each method."""
-    warm_up(composer.backend)
+def run(composer_for: Callable[[Task], Composer], tasks: list[Task],
+        runners: list[MethodRunner], greedy_tokens: int = 8,
+        progress: Callable[[str, int], None] | None = None, prefix: str | None = None,
+        done: dict[str, list[Measure]] | None = None,
+        on_task: Callable[[Task, list[Measure]], None] | None = None) -> list[Measure]:
+    """All tasks, each with the runners scheduled on it and the composer of its repository;
+    ``progress(description, advance)`` after each method. Tasks in ``done`` (a checkpoint's)
+    are not run again; ``on_task`` gets each newly measured task."""
+    done = done or {}
     measures: list[Measure] = []
+    warmed = False
     for task, active in schedule(tasks, runners):
+        if task.id in done:
+            measures.extend(done[task.id])
+            if progress is not None:
+                progress(f"{task.id} (from the checkpoint)",
+                         sum(r.count(task.workload) for r in active))
+            continue
+        composer = composer_for(task)
+        if not warmed:
+            warm_up(composer.backend)
+            warmed = True
         started = time.perf_counter()
 
         def step(task=task):
             if progress is not None:
                 progress(task.id, 1)
 
-        measures.extend(run_task(composer, task, active, greedy_tokens, step))
+        measured = run_task(composer, task, active, greedy_tokens, step, prefix)
+        if on_task is not None:
+            on_task(task, measured)
+        measures.extend(measured)
         if progress is not None:
             progress(f"{task.id} done in {time.perf_counter() - started:.1f}s", 0)
     return measures

@@ -1,0 +1,69 @@
+"""An interrupted evaluation resumes from its checkpoint, and never mixes configurations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codekv.compose import Composer, Passage
+from codekv.eval import runner, workloads
+from codekv.eval.checkpoint import Checkpoint, CheckpointMismatch
+from codekv.eval.methods import Method
+from codekv.kvstore import LocalKVStore
+
+CONFIG = {"tasks": 2, "ratios": [0.15], "seed": 0}
+
+
+def tasks() -> list[workloads.Task]:
+    a = Passage("def area(w, h):\n    return w * h\n", "a")
+    b = Passage("the quick brown fox jumps over the lazy dog", "b")
+    return [workloads.Task("rag", f"t{i}", "quote", [a, b][::1 - 2 * i], "def area(", " w, h)",
+                           "a") for i in range(2)]
+
+
+def test_a_resumed_run_measures_only_the_missing_tasks(tiny_backend, tmp_path):
+    composer = Composer(tiny_backend("llama"), None, store=LocalKVStore(tmp_path / "kv"),
+                        experimental=True)
+    runners = [runner.Composition([Method("none"), Method("boundary", 0.3)])]
+    path = tmp_path / "run.jsonl"
+    first = Checkpoint(path, CONFIG)
+    # Interrupted after the first task: only its line made it to disk.
+    measured = runner.run(lambda task: composer, tasks()[:1], runners,
+                          on_task=lambda task, done: first.add(task.id, done))
+    resumed = Checkpoint(path, CONFIG)
+    assert list(resumed.done) == ["t0"]
+
+    asked = []
+
+    def composer_for(task):
+        asked.append(task.id)
+        return composer
+
+    steps = []
+    again = runner.run(composer_for, tasks(), runners, done=resumed.done,
+                       on_task=lambda task, done: resumed.add(task.id, done),
+                       progress=lambda text, step: steps.append(step))
+    assert asked == ["t1"]  # t0 came from the checkpoint
+    assert [m.as_json() for m in again[:3]] == [m.as_json() for m in measured]
+    assert [m.task for m in again] == ["t0"] * 3 + ["t1"] * 3
+    assert sum(steps) == runner.requests(tasks(), runners)  # the progress total still adds up
+    assert list(Checkpoint(path, CONFIG).done) == ["t0", "t1"]
+
+
+def test_a_line_cut_short_is_dropped_and_its_task_runs_again(tmp_path):
+    path = tmp_path / "run.jsonl"
+    Checkpoint(path, CONFIG)
+    with open(path, "a") as f:
+        f.write('{"task": "t0", "measures": [{"work')  # killed mid-write
+    reopened = Checkpoint(path, CONFIG)
+    assert reopened.done == {}
+    assert path.read_text().splitlines() == [json.dumps({"config": CONFIG})]
+
+
+def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
+    path = tmp_path / "run.jsonl"
+    Checkpoint(path, CONFIG)
+    with pytest.raises(CheckpointMismatch, match="another configuration"):
+        Checkpoint(path, {**CONFIG, "seed": 1})
+    assert json.loads(path.read_text())["config"] == CONFIG  # left as it was
