@@ -79,9 +79,9 @@ def _budget_option(function):
     )(function)
 
 
-def _share(ctx, param, value: float) -> float:
-    """A share from 0 to 1 (click's FloatRange lets NaN through)."""
-    if not (math.isfinite(value) and 0 <= value <= 1):
+def _share(ctx, param, value: float | None) -> float | None:
+    """A share from 0 to 1 (click's FloatRange lets NaN through), or None when not given."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= 1):
         raise click.BadParameter(f"{value} is not a share from 0 to 1")
     return value
 
@@ -274,10 +274,13 @@ def _composer(repo, store, model, experimental):
               help="PATH, PATH::QUALNAME[@LINE] or a chunk id.")
 @click.option("--query", required=True, help="The question or instruction after the chunks.")
 @click.option("--prefix", default=None, help="Exact prefix (system prompt, tool docs).")
-@click.option("--strategy", default="anchors", show_default=True,
-              type=click.Choice(list(STRATEGIES)))
-@click.option("--ratio", default=0.15, show_default=True, callback=_share,
-              help="Share of tokens to recompute, from 0 to 1.")
+@click.option("--strategy", default="auto", show_default=True,
+              type=click.Choice(["auto", *STRATEGIES]),
+              help="Selection rule; auto: the rule and ratio the support gate records as "
+                   "passing for the request's workloads.")
+@click.option("--ratio", type=float, default=None, callback=_share,
+              help="Share of chunk tokens to recompute, from 0 to 1 [with a named strategy: "
+                   "0.15; with auto: the support file's].")
 @click.option("--max-new-tokens", default=48, show_default=True)
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
 @click.option("--check", is_flag=True, help="Also run full prefill and compare.")

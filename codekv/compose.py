@@ -32,6 +32,10 @@ from codekv.selection import strategy as make_strategy
 from codekv.stores import STORE_ENV, describe, open_kv_store
 
 EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
+# ``compose(strategy=AUTO)``: the rule the support file records as passing for the workload.
+# Where none passed (the request then falls back, unless experimental), the default rule.
+AUTO = "auto"
+DEFAULT_STRATEGY, DEFAULT_RATIO = "anchors", 0.15
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -202,22 +206,33 @@ class Composer:
         chunks: list,
         query: str,
         prefix: str | None = None,
-        strategy: str = "anchors",
-        ratio: float = 0.15,
+        strategy: str = AUTO,
+        ratio: float | None = None,
         max_new_tokens: int = 0,
     ) -> ComposeResult:
         """Build the request state for ``prefix + chunks + query``.
 
         ``chunks`` holds ``Chunk`` objects, chunk ids, ``"path"`` / ``"path::qualname"``
         strings (these need an index) or ``Passage`` objects, in request order.
+        ``strategy="auto"`` takes the rule and ratio the support file records as passing for
+        the request's workloads (``ratio`` must then be None); a named strategy recomputes
+        ``ratio`` of the chunk tokens (default ``DEFAULT_RATIO``).
         """
         started = time.perf_counter()
-        if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio <= 1):
-            raise ValueError(f"ratio must be a number from 0 to 1, not {ratio!r}")
-        report = Report(strategy=strategy, ratio=ratio)
-        selection = make_strategy(strategy)
+        if strategy == AUTO and ratio is not None:
+            raise ValueError("strategy 'auto' takes its ratio from the support file: name a "
+                             "strategy to choose the ratio")
+        if strategy != AUTO:
+            ratio = DEFAULT_RATIO if ratio is None else ratio
+            if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio <= 1):
+                raise ValueError(f"ratio must be a number from 0 to 1, not {ratio!r}")
+            make_strategy(strategy)  # an unknown name fails before any work
         request = self.build_request(chunks, query, prefix)
         prefix_ids, pieces, query_ids = request.prefix_ids, request.pieces, request.query_ids
+        if strategy == AUTO:
+            strategy, ratio = self._supported_rule(pieces)
+        report = Report(strategy=strategy, ratio=ratio)
+        selection = make_strategy(strategy)
         context_ids = request.context_ids
         report.prefix_tokens = len(prefix_ids)
         report.context_tokens = len(context_ids)
@@ -310,6 +325,17 @@ class Composer:
         return Request(prefix_ids, [self._piece(item) for item in chunks], query_ids)
 
     # -- steps ---------------------------------------------------------------------------
+    def _supported_rule(self, pieces: list[RequestPiece]) -> tuple[str, float]:
+        """The rule and ratio the support file records for the request's workloads; where one
+        has none, the default rule (the gate then refuses unless ``experimental``). Several
+        workloads that passed with different rules take the one recomputing most."""
+        verdicts = [self.gate.verdict(self.backend.info.family, workload)
+                    for workload in sorted({WORKLOADS[p.kind] for p in pieces})]
+        if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
+            return DEFAULT_STRATEGY, DEFAULT_RATIO
+        chosen = max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
+        return chosen.strategy, chosen.ratio or 0.0
+
     def _refusal(self, pieces: list[RequestPiece], selection) -> str | None:
         info = self.backend.info
         if info.unsupported:

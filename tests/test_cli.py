@@ -444,7 +444,7 @@ def test_compose_json_is_strict(repo, store, tiny_backend, monkeypatch):
     _compose_backend(monkeypatch, tiny_backend("llama"))
     result = cli("compose", repo.root, "--store", store, "--chunk", "util.py::helper",
                  "--query", "what?", "--experimental", "--max-new-tokens", 1, "--json", "--check",
-                 "--ratio", "0")
+                 "--strategy", "boundary", "--ratio", "0")
 
     def refuse(constant):
         raise ValueError(f"{constant} in the JSON output")

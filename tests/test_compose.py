@@ -228,6 +228,38 @@ def test_unsupported_without_evidence_falls_back_to_full_prefill(tiny_backend, t
     assert allowed.compose([A, B], QUERY, strategy="all").status == COMPOSED
 
 
+def test_auto_composes_with_the_rule_the_support_file_passed(tiny_backend, tmp_path):
+    import json
+
+    from codekv.eval.support import support_document, write_json
+
+    support = tmp_path / "support.json"
+    write_json(support, support_document([
+        {"family": "llama", "workload": "rag", "passed": True, "strategy": "boundary",
+         "ratio": 0.25},
+        {"family": "llama", "workload": "tool-docs", "passed": False, "strategy": None,
+         "ratio": None},
+    ], "codekv eval ...", {"family": "llama"}, {}))
+    assert json.loads(support.read_text())["entries"][0]["strategy"] == "boundary"
+    gated = make_composer(tiny_backend("llama"), tmp_path, experimental=False,
+                          gate=SupportGate.load(support))
+    passages = gated.compose([A, B, C], QUERY)  # strategy="auto" is the default
+    assert passages.status == COMPOSED
+    assert (passages.report.strategy, passages.report.ratio) == ("boundary", 0.25)
+    assert passages.report.recomputed_tokens == round(0.25 * passages.report.context_tokens)
+    docs = [Passage(p.text, p.name, kind="tool-doc") for p in (A, B)]
+    refused = gated.compose(docs, QUERY)
+    assert refused.status == FULL_PREFILL
+    assert refused.report.fallback_reason == "unsupported: llama/tool-docs failed its evaluation"
+    mixed = gated.compose([A, docs[1]], QUERY)  # one of its workloads has no passing rule
+    assert mixed.status == FULL_PREFILL and "tool-docs" in mixed.report.fallback_reason
+    with pytest.raises(ValueError, match="takes its ratio from the support file"):
+        gated.compose([A, B], QUERY, ratio=0.1)
+    experimental = make_composer(tiny_backend("llama"), tmp_path, gate=SupportGate.load(support))
+    anyway = experimental.compose(docs, QUERY)
+    assert anyway.status == COMPOSED and anyway.report.strategy == "anchors"
+
+
 @pytest.mark.parametrize("case", ["gpt2", "mistral-window"])
 def test_unsupported_models_fall_back_even_when_experimental(tiny_backend, tmp_path, case):
     backend = tiny_backend("gpt2") if case == "gpt2" else tiny_backend("mistral", sliding_window=8)

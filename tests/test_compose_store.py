@@ -70,4 +70,4 @@ def test_compose_refuses_a_ratio_outside_0_to_1(tiny_backend, tmp_path, ratio):
     composer = Composer(tiny_backend("llama"), store=default_kv_store(tmp_path),
                         gate=SupportGate([], "test"), experimental=True)
     with pytest.raises(ValueError, match="ratio must be a number from 0 to 1"):
-        composer.compose([Passage("alpha")], "beta?", ratio=ratio)
+        composer.compose([Passage("alpha")], "beta?", strategy="boundary", ratio=ratio)
