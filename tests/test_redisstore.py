@@ -254,6 +254,22 @@ def test_acl_user_of_scope_a_cannot_read_scope_b(redis_server, redis_url):
     assert got is not None and got.provenance["seed"] == 2
 
 
+def test_a_request_in_a_scope_the_user_may_not_read_goes_on_and_says_why(
+        redis_server, redis_url, tiny_backend):
+    from codekv.compose import Composer, Passage
+    from codekv.gate import SupportGate
+
+    redis_server.admin.execute_command("ACL", "SETUSER", "alice",
+                                       *scope_user_rules("pw", "repo:aaaa"))
+    composer = Composer(tiny_backend("llama"), store=redis_server.url("alice", "pw"),
+                        scope="repo:bbbb", gate=SupportGate([], "test"), experimental=True)
+    result = composer.compose([Passage("alpha beta"), Passage("gamma")], "delta?",
+                              strategy="all")
+    assert result.status == "composed" and result.report.store_misses == 2
+    assert "NOPERM" in result.report.store_error and "repo:bbbb" in result.report.store_error
+    assert "pw" not in result.report.store and not redis_server.admin.keys("codekv:*")
+
+
 # -- concurrency: leases ---------------------------------------------------------------------
 
 WORKER = textwrap.dedent(
