@@ -259,9 +259,9 @@ def main() -> int:
                   f"{row['requests'] / row['serving_s']:>6.2f} {os.getloadavg()[0]:>5.1f}")
             for error in row["errors"]:
                 print(f"       store error: {error}")
-        for conn, process in agents:
+        for conn, worker in agents:
             conn.send(None)
-            process.join()
+            worker.join()
         load = store_load(repo, url, args.context, args.repeats)
         print(f"\nstore load, {load['tokens']}-token request in {load['chunks']} chunks "
               f"(median of {args.repeats}): local memory-mapped {load['local']:.3f} s, "
