@@ -13,7 +13,7 @@ per second over all agents. Then, in this process: the time to read a 4,096-toke
 chunks from the local memory-mapped store, Redis, and Redis in 16 bits; bytes per token stored;
 how far 16-bit KV moves a composed answer. Without ``--url`` it starts its own redis-server on
 127.0.0.1 (emptied per run; 16-bit entries go to the next database). The default model; the
-quick repository of the evaluation (a few stdlib modules). About five minutes on 2 quiet cores.
+quick repository of the evaluation (a few stdlib modules). About six minutes on 2 busy cores.
 """
 
 from __future__ import annotations
