@@ -441,15 +441,8 @@ def _decode(path: Path, key: KVKey) -> KVEntry:
     place, so a mapping stays valid); raises on anything that is not ``key``'s valid entry."""
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
-        if not isinstance(meta, dict) or meta.get(_META_FORMAT) != FORMAT_VERSION:
-            raise _Corrupt("not a codekv entry of this format")
-        if json.loads(meta[_META_KEY]) != asdict(key):
-            raise _Corrupt("entry belongs to another key")
-        layers = int(meta[_META_LAYERS])
-        names = _tensor_names(layers)
-        if layers < 1 or set(f.keys()) != set(names):
-            raise _Corrupt("unexpected tensor names")
-        tensors = {name: f.get_tensor(name) for name in names}
+        layers = _checked_layers(meta, key, set(f.keys()))
+        tensors = {name: f.get_tensor(name) for name in _tensor_names(layers)}
     return _verified(meta, tensors, layers)
 
 
@@ -458,16 +451,21 @@ def decode_bytes(data: bytes, key: KVKey) -> KVEntry:
     raises on anything that is not ``key``'s valid entry."""
     _, header = _parse_header(data[: 8 + int.from_bytes(data[:8], "little")])
     meta = header.get("__metadata__")
+    layers = _checked_layers(meta, key, set(header) - {"__metadata__"})
+    return _verified(meta, st_load(data), layers)
+
+
+def _checked_layers(meta, key: KVKey, tensor_names: set[str]) -> int:
+    """The layer count of an entry whose metadata says it is ``key``'s, in this format, with
+    exactly the tensors that count implies; raises otherwise."""
     if not isinstance(meta, dict) or meta.get(_META_FORMAT) != FORMAT_VERSION:
         raise _Corrupt("not a codekv entry of this format")
     if json.loads(meta[_META_KEY]) != asdict(key):
         raise _Corrupt("entry belongs to another key")
     layers = int(meta[_META_LAYERS])
-    names = _tensor_names(layers)
-    if layers < 1 or set(header) - {"__metadata__"} != set(names):
+    if layers < 1 or tensor_names != set(_tensor_names(layers)):
         raise _Corrupt("unexpected tensor names")
-    tensors = st_load(data)
-    return _verified(meta, tensors, layers)
+    return layers
 
 
 def encode_entry(key: KVKey, entry: KVEntry) -> bytes:
