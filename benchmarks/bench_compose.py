@@ -1,19 +1,24 @@
 """Time to first token: composed chunk KV vs full prefill, on the default model and real code.
 
 Run: python benchmarks/bench_compose.py [--contexts 2048 4096] [--repeats 2]
+         [--backend transformers llama.cpp]
 
 For each context length, chunks of the standard library (made into a git repository) are
 taken in a fixed order until the context holds that many tokens; a short question follows.
 The chunk store is filled first (as `codekv prefill` would), then each method is timed side by
 side on the same tokens: full prefill, and composition per strategy with the store load
 included in its time to first token. Prints speedups, KL vs full prefill, store bytes per
-token and peak memory.
+token, the machine's load and peak memory. With several ``--backend`` engines, each context is
+measured on each engine in turn (the same chunks; each engine's own tokenizer and full
+prefill), so their ratios are taken side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -55,68 +60,79 @@ def main() -> int:
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backend", nargs="+", default=["transformers"],
+                        choices=["transformers", "llama.cpp"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from codekv.compose import Composer
     from codekv.index import Index
-    from codekv.kvstore import LocalKVStore
     from codekv.models import load_backend
     from codekv.stdlib_repo import make_stdlib_repo
 
-    backend = load_backend()
+    backends = [load_backend(engine=name) for name in args.backend]
     index = Index(make_stdlib_repo())
     index.update()
-    print(f"model {backend.info.family} {backend.info.dtype}, threads {args.threads}, "
-          f"ratio {args.ratio}, repeats {args.repeats} (median reported)")
-    rows = []
+    for backend in backends:
+        print(f"{backend.info.engine}: model {backend.info.family} {backend.info.dtype}")
+    print(f"threads {args.threads}, ratio {args.ratio}, repeats {args.repeats} (median "
+          f"reported), load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for target in args.contexts:
-        chunks, n_tokens = pick_chunks(index, backend, target)
-        store_dir = Path(tempfile.mkdtemp(prefix="codekv-bench-kv-"))
-        composer = Composer(backend, index, LocalKVStore(store_dir), experimental=True)
-        t0 = time.perf_counter()
-        composer.prefill(chunks)
-        fill_s = time.perf_counter() - t0
-        query = QUESTION
-        full_times, results = [], {}
-        reference = None
-        for _ in range(args.repeats):
-            full = composer.full_prefill(chunks, query)
-            full_times.append(full.report.ttft_s)
-            reference = full.next_token_logits()
-        full_s = statistics.median(full_times)
-        for name in args.strategies:
-            times = []
-            for _ in range(args.repeats):
-                # A fresh store object each time: entries are read from disk, not memory.
-                composer.store = LocalKVStore(store_dir)
-                result = composer.compose(chunks, query, strategy=name, ratio=args.ratio)
-                assert result.report.chunk_misses == 0, "store should be warm"
-                times.append(result.report.ttft_s)
-            results[name] = (statistics.median(times), result)
-        stats = LocalKVStore(store_dir).stats()
-        print(f"\ncontext {n_tokens} tokens in {len(chunks)} chunks "
-              f"(store filled in {fill_s:.1f} s)")
-        print(f"  {'method':<12} {'ttft_s':>8} {'speedup':>8} {'recompute':>10} {'KL':>8} "
-              f"{'top1':>5}  phases")
-        print(f"  {'full':<12} {full_s:8.2f} {1.0:8.1f}x {'100%':>10} {0.0:8.4f} {'yes':>5}")
-        for name, (ttft, result) in results.items():
-            report = result.report
-            logits = result.next_token_logits()
-            agree = "yes" if int(reference.argmax()) == int(logits.argmax()) else "no"
-            print(f"  {name:<12} {ttft:8.2f} {full_s / ttft:8.1f}x "
-                  f"{report.recompute_ratio:10.1%} {kl(reference, logits):8.4f} "
-                  f"{agree:>5}  {report.timings}")
-            rows.append((n_tokens, name, full_s / ttft))
-        total_tokens = sum(
-            len(backend.tokenize(f"# {c.path}\n" + index.text(c).decode() + "\n\n"))
-            for c in chunks
-        )
-        print(f"  store: {stats.entries} entries, {stats.bytes / 1e6:.1f} MB, "
-              f"{stats.bytes / max(1, total_tokens) / 1024:.1f} KiB per token (fp32)")
+        chunks, _ = pick_chunks(index, backends[0], target)
+        for backend in backends:
+            measure(backend, index, chunks, args)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak memory (RSS) {peak:.0f} MiB")
     return 0
+
+
+def measure(backend, index, chunks, args) -> None:
+    """Full prefill and each strategy on ``chunks``, side by side on one engine."""
+    from codekv.compose import Composer
+    from codekv.kvstore import LocalKVStore
+
+    store_dir = Path(tempfile.mkdtemp(prefix="codekv-bench-kv-"))
+    composer = Composer(backend, index, LocalKVStore(store_dir), experimental=True)
+    t0 = time.perf_counter()
+    composer.prefill(chunks)
+    fill_s = time.perf_counter() - t0
+    query = QUESTION
+    full_times, results = [], {}
+    reference = None
+    for _ in range(args.repeats):
+        full = composer.full_prefill(chunks, query)
+        full_times.append(full.report.ttft_s)
+        reference = full.next_token_logits()
+    full_s = statistics.median(full_times)
+    for name in args.strategies:
+        times = []
+        for _ in range(args.repeats):
+            # A fresh store object each time: entries are read from disk, not memory.
+            composer.store = LocalKVStore(store_dir)
+            result = composer.compose(chunks, query, strategy=name, ratio=args.ratio)
+            assert result.report.chunk_misses == 0, "store should be warm"
+            times.append(result.report.ttft_s)
+        results[name] = (statistics.median(times), result)
+    stats = LocalKVStore(store_dir).stats()
+    n_tokens = full.report.context_tokens
+    print(f"\n{backend.info.engine}: context {n_tokens} tokens in {len(chunks)} chunks "
+          f"(store filled in {fill_s:.1f} s), load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'method':<12} {'ttft_s':>8} {'speedup':>8} {'recompute':>10} {'KL':>8} "
+          f"{'top1':>5}  phases")
+    print(f"  {'full':<12} {full_s:8.2f} {1.0:8.1f}x {'100%':>10} {0.0:8.4f} {'yes':>5}")
+    for name, (ttft, result) in results.items():
+        report = result.report
+        logits = result.next_token_logits()
+        agree = "yes" if int(reference.argmax()) == int(logits.argmax()) else "no"
+        print(f"  {name:<12} {ttft:8.2f} {full_s / ttft:8.1f}x "
+              f"{report.recompute_ratio:10.1%} {kl(reference, logits):8.4f} "
+              f"{agree:>5}  {report.timings}")
+    total_tokens = sum(
+        len(backend.tokenize(f"# {c.path}\n" + index.text(c).decode() + "\n\n"))
+        for c in chunks
+    )
+    print(f"  store: {stats.entries} entries, {stats.bytes / 1e6:.1f} MB, "
+          f"{stats.bytes / max(1, total_tokens) / 1024:.1f} KiB per token")
+    shutil.rmtree(store_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

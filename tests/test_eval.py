@@ -436,7 +436,8 @@ def test_comparisons_pair_rules_on_the_same_tasks():
 def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     import codekv.models
 
-    monkeypatch.setattr(codekv.models, "load_backend", lambda model=None: default_backend)
+    monkeypatch.setattr(codekv.models, "load_backend",
+                        lambda model=None, engine="transformers": default_backend)
     out, gate, plots = tmp_path / "eval.json", tmp_path / "support.json", tmp_path / "plots"
     result = CliRunner().invoke(command.eval_command, [
         "--quick", "--workload", "tool-docs", "--tasks", "1", "--strategies", "none,hybrid",

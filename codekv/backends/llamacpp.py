@@ -1,0 +1,493 @@
+"""The llama.cpp backend (llama-cpp-python's low-level ctypes bindings): composition inside the
+engine, on a GGUF as it is.
+
+llama.cpp keeps a sequence's KV as an opaque state, so the chunk store holds each chunk's
+sequence state (``llama_state_seq_get_data``), tied to the llama.cpp build, the GGUF and the
+KV cache type by the model fingerprint. A request is built in sequence 0 of one context:
+
+- each chunk's state is restored into scratch sequence 1 (at the positions it was saved at),
+  shifted to its offset (``llama_memory_seq_add``; the RoPE K-shift runs at the next decode),
+  shared into sequence 0 (``seq_cp``) and dropped from 1;
+- a batch must continue its sequence, so a contiguous run of selected tokens at p..p+k-1 is
+  recomputed in scratch sequence 2 holding sequence 0's cells [0, p): the run's old cells are
+  removed from 0, the run is decoded in 2 and its fresh cells are shared back into 0. Runs are
+  done in request order, so each sees the fresh KV of the runs before it;
+- the query is decoded at the end of sequence 0.
+
+One context serves one request at a time: a request state stays usable until the backend
+starts the next request (or prefills a chunk); using it later is an error, never a silent
+answer from another request's KV. llama.cpp is exact for one batch shape only: the same tokens
+decoded in other batches differ by its batch-split noise floor (KL ~0.014 on the default GGUF).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from codekv.backends import ModelInfo, UnsupportedModel
+from codekv.kvstore import KVEntry
+from codekv.tokens import file_digest
+
+ENGINE = "llama.cpp"
+KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # name -> ggml type id (llama.h / ggml.h)
+REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a recomputed run
+DEVIATION_REFUSAL = (
+    "llama.cpp keeps KV as an opaque per-sequence state: per-token KV deviation cannot be "
+    "scored without reading K/V tensors"
+)
+RELEVANCE_REFUSAL = (
+    "llama.cpp does not expose attention weights: the query's attention over reused KV "
+    "cannot be scored"
+)
+
+
+def _bindings():
+    """``llama_cpp`` (low-level bindings), with ggml's log silenced once per process."""
+    try:
+        import llama_cpp as L
+    except ImportError as error:  # the optional extra is missing
+        raise ImportError(
+            "the llama.cpp backend needs llama-cpp-python: pip install 'codekv[llamacpp]'"
+        ) from error
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        # Held at module level: a collected ctypes callback crashes the next log line.
+        _LOG_CALLBACK = L.llama_log_callback(lambda level, text, user_data: None)
+        L.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p())
+        L.llama_backend_init()
+    return L
+
+
+_LOG_CALLBACK = None
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    """A token span's KV as llama.cpp sequence state: cells saved at positions ``saved_at``..,
+    to be placed at ``start``.. (re-positioning only records the shift)."""
+
+    data: np.ndarray  # uint8, as llama_state_seq_get_data wrote it (may be a store mmap)
+    n_tokens: int
+    saved_at: int
+    start: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+@dataclass
+class LlamaRequest:
+    """A request in sequence 0 of the backend's context; ``logits`` predict the next token."""
+
+    token_ids: list[int]
+    logits: torch.Tensor
+    ticket: int = field(default=0, repr=False)
+    # Where the decode calls that built it started (besides 0): ``batch_reference`` decodes
+    # the same tokens in the same batches without composition, llama.cpp's noise floor.
+    cuts: list[int] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+class LlamaCppBackend:
+    """Composition on one llama.cpp context over a GGUF model."""
+
+    deviation_refusal = DEVIATION_REFUSAL
+    relevance_refusal = RELEVANCE_REFUSAL
+
+    def __init__(self, gguf: str | Path, n_ctx: int | None = None, kv_type: str = "f16",
+                 n_threads: int | None = None, n_batch: int = 512, gguf_digest: str | None = None):
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"unknown KV cache type {kv_type!r}; choose from "
+                             + ", ".join(KV_TYPES))
+        L = self._L = _bindings()
+        self.path = Path(gguf)
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self._model = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise ValueError(f"llama.cpp cannot load {self.path}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
+        trained = L.llama_model_n_ctx_train(self._model)
+        self.n_ctx = min(n_ctx or trained, trained)
+        self.n_batch = n_batch
+        self.kv_type = kv_type
+        threads = n_threads or threads_from_env() or len(os.sched_getaffinity(0))
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 3  # request, chunk, run
+        cparams.kv_unified = True  # sequences share cells (seq_cp shares, never copies)
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
+        # Fixed, not "auto": the state layout (V transposed or not) depends on it.
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise ValueError(f"llama.cpp cannot make a {self.n_ctx}-token context for {self.path}")
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(n_batch, 0, 1)
+        self._ticket = 0  # bumped whenever sequence 0 is given to another request
+        digest = gguf_digest or file_digest(self.path)
+        self.engine_version = (f"llama-cpp-python {L.__version__}, "
+                               f"llama.cpp {L.llama_version().decode()}")
+        family = self._meta("general.architecture") or "?"
+        identity = {"engine": ENGINE, "version": self.engine_version, "gguf": digest,
+                    "kv_type": kv_type, "flash_attn": False}
+        self.info = ModelInfo(
+            family=family,
+            fingerprint=hashlib.sha256(json.dumps(identity, sort_keys=True).encode()
+                                       ).hexdigest()[:32],
+            tokenizer_fingerprint="gguf:" + digest[:32],  # the GGUF holds the tokenizer
+            dtype=_model_desc(L, self._model),
+            n_layers=L.llama_model_n_layer(self._model),
+            max_positions=self.n_ctx,
+            unsupported=self._unsupported(family),
+            engine=ENGINE,
+        )
+        self._identity = identity
+
+    def close(self) -> None:
+        L = self._L
+        if getattr(self, "_ctx", None):
+            L.llama_batch_free(self._batch)
+            L.llama_free(self._ctx)
+            L.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the bindings may be gone already
+            pass
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = self._L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+
+    def _unsupported(self, family: str) -> str | None:
+        L = self._L
+        if L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model):
+            return f"{family} keeps recurrent state: cached chunk state cannot be re-positioned"
+        if L.llama_model_n_swa(self._model) > 0:
+            return f"{family} has sliding-window layers: reused KV outside the window is wrong"
+        if not L.llama_memory_can_shift(self._mem):
+            return f"llama.cpp cannot shift positions of {family} KV (no RoPE K-shift)"
+        return None
+
+    # -- tokens --------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode()
+        room = len(data) + 8
+        buf = (self._L.llama_token * room)()
+        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, room, False, False)
+        if n < 0:  # never more tokens than bytes + 8, but the API reports it this way
+            raise ValueError(f"llama.cpp tokenization needs {-n} tokens")
+        return list(buf[:n])
+
+    def _piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids (as ``tokenize``) and each token's character span in ``text``."""
+        ids = self.tokenize(text)
+        data = text.encode()
+        char_at = np.zeros(len(data) + 1, dtype=np.int64)  # byte offset -> character offset
+        position = 0
+        for index, char in enumerate(text):
+            width = len(char.encode())
+            char_at[position : position + width] = index
+            position += width
+        char_at[len(data)] = len(text)
+        pieces = [self._piece(token) for token in ids]
+        spelled = b"".join(pieces)
+        # A SentencePiece vocabulary spells a leading space the text does not have.
+        byte = -1 if spelled == b" " + data else 0
+        if spelled[-byte:] != data:
+            raise UnsupportedModel("llama.cpp tokens do not spell the text back byte for byte: "
+                                   "anchors cannot be placed")
+        offsets = []
+        for piece in pieces:
+            first, end = max(byte, 0), max(byte + len(piece), 0)
+            offsets.append((int(char_at[first]), int(char_at[end - 1]) + 1 if end > first
+                            else int(char_at[first])))
+            byte += len(piece)
+        return ids, offsets
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return b"".join(self._piece(t) for t in token_ids).decode("utf-8", "replace")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        token = self._L.llama_vocab_eos(self._vocab)
+        return token if token >= 0 else None
+
+    def _is_end(self, token: int) -> bool:
+        return bool(self._L.llama_vocab_is_eog(self._vocab, token))
+
+    # -- the context ---------------------------------------------------------------------
+    def _take_context(self) -> int:
+        """Start over: every sequence empty; the previous request state is no longer usable."""
+        self._L.llama_memory_clear(self._mem, False)
+        self._ticket += 1
+        return self._ticket
+
+    def _check(self, state: LlamaRequest) -> None:
+        if state.ticket != self._ticket:
+            raise RuntimeError("this llama.cpp request state was replaced by a later request "
+                               "on the same backend (one context holds one request)")
+
+    def _decode(self, token_ids: list[int], start: int, seq: int, logits: str = "last"
+                ) -> torch.Tensor | None:
+        """Decode tokens at positions ``start``.. of ``seq`` in batches of ``n_batch``;
+        logits of the last token (``"last"``), of every token (``"all"``) or none."""
+        L, batch = self._L, self._batch
+        if start + len(token_ids) > self.n_ctx:
+            raise ValueError(f"positions up to {start + len(token_ids)} exceed the llama.cpp "
+                             f"context of {self.n_ctx}")
+        rows = []
+        for first in range(0, len(token_ids), self.n_batch):
+            part = token_ids[first : first + self.n_batch]
+            last_part = first + len(part) == len(token_ids)
+            batch.n_tokens = len(part)
+            for i, token in enumerate(part):
+                batch.token[i] = token
+                batch.pos[i] = start + first + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = logits == "all" or (logits == "last" and last_part
+                                                      and i == len(part) - 1)
+            code = L.llama_decode(self._ctx, batch)
+            if code != 0:
+                raise RuntimeError(f"llama_decode failed ({code}) at positions "
+                                   f"{start + first}..{start + first + len(part) - 1}")
+            if logits == "all":
+                rows.append(self._logits(len(part)))
+        if logits == "all":
+            return torch.cat(rows)
+        if logits == "last":
+            return self._logits(1)[0]
+        return None
+
+    def _logits(self, n: int) -> torch.Tensor:
+        """The last ``n`` output rows of the latest decode, copied out of llama.cpp."""
+        pointer = self._L.llama_get_logits(self._ctx)
+        rows = np.ctypeslib.as_array(pointer, shape=(n * self.n_vocab,))
+        return torch.from_numpy(rows.reshape(n, self.n_vocab).copy())
+
+    def _save(self, seq: int, n_tokens: int, saved_at: int) -> SequenceState:
+        L = self._L
+        size = L.llama_state_seq_get_size(self._ctx, seq)
+        data = np.empty(size, dtype=np.uint8)
+        written = L.llama_state_seq_get_data(
+            self._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq)
+        if written != size:
+            raise RuntimeError(f"llama.cpp saved {written} of {size} bytes of sequence state")
+        return SequenceState(data, n_tokens, saved_at, saved_at)
+
+    def _restore(self, kv: SequenceState, seq: int) -> None:
+        data = np.ascontiguousarray(kv.data)
+        read = self._L.llama_state_seq_set_data(
+            self._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.nbytes, seq)
+        if read != data.nbytes:
+            raise RuntimeError("llama.cpp refused a chunk's sequence state (another build, "
+                               "model or KV type?)")
+
+    # -- chunk KV ------------------------------------------------------------------------
+    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> SequenceState:
+        """A chunk's sequence state computed alone from position 0, or right after
+        ``prefix_ids`` (whose cells are dropped: the chunk's then start at ``len(prefix_ids)``)."""
+        if not token_ids:
+            raise ValueError("an empty chunk has no KV")
+        self._take_context()
+        n = len(prefix_ids)
+        self._decode(list(prefix_ids) + list(token_ids), 0, CHUNK, logits="none")
+        if n:
+            self._L.llama_memory_seq_rm(self._mem, CHUNK, 0, n)
+        state = self._save(CHUNK, len(token_ids), n)
+        self._L.llama_memory_seq_rm(self._mem, CHUNK, -1, -1)
+        return state
+
+    def reposition(self, kv: SequenceState, start: int) -> SequenceState:
+        """Record the move; the engine shifts the cells (RoPE K-shift) when they are placed."""
+        return replace(kv, start=start)
+
+    def concat(self, parts: list[SequenceState]) -> list[SequenceState]:
+        """Consecutive spans, placed one after another when the request is built."""
+        offset = parts[0].start
+        for part in parts:
+            if part.start != offset:
+                raise UnsupportedModel("llama.cpp needs consecutive positions: chunk KV that "
+                                       "is not re-positioned cannot be composed")
+            offset += part.n_tokens
+        return list(parts)
+
+    def to_entry(self, kv: SequenceState, provenance: dict) -> KVEntry:
+        """The state as one uint8 "layer" ``[1, 1, bytes]`` (no values): the store checksums
+        and writes it like any entry; the engine identity rides in the provenance too."""
+        blob = torch.from_numpy(kv.data).view(1, 1, -1)
+        provenance = dict(provenance, llama_cpp=self._identity, saved_at=kv.saved_at)
+        return KVEntry([blob], [torch.empty((1, 1, 0), dtype=torch.uint8)], provenance)
+
+    def from_entry(self, entry: KVEntry, start: int) -> SequenceState:
+        if entry.provenance.get("llama_cpp") != self._identity:
+            raise UnsupportedModel("a chunk state from another llama.cpp build, model or KV "
+                                   "type is never restored")
+        (blob,) = entry.keys
+        if blob.dtype != torch.uint8 or blob.shape[:2] != (1, 1):
+            raise UnsupportedModel("not a llama.cpp sequence state")
+        return SequenceState(blob.reshape(-1).numpy(), int(entry.provenance["n_tokens"]),
+                             int(entry.provenance["saved_at"]), start)
+
+    def kv_deviation(self, token_ids: list[int], context) -> torch.Tensor:
+        raise UnsupportedModel(DEVIATION_REFUSAL)
+
+    def query_relevance(self, context, query_ids: list[int], layers) -> torch.Tensor:
+        raise UnsupportedModel(RELEVANCE_REFUSAL)
+
+    # -- requests ------------------------------------------------------------------------
+    def full_prefill(self, token_ids: list[int]) -> LlamaRequest:
+        return self.batch_reference(token_ids, [])
+
+    def batch_reference(self, token_ids: list[int], cuts: list[int]) -> LlamaRequest:
+        """``token_ids`` decoded from position 0 in one decode call per span between ``cuts``:
+        with a composed state's cuts, what composition would give if it changed nothing but
+        the batch shapes (llama.cpp's batch-split floor); without cuts, full prefill."""
+        if not token_ids:
+            raise ValueError("nothing to prefill")
+        ticket = self._take_context()
+        bounds = [0, *sorted({c for c in cuts if 0 < c < len(token_ids)}), len(token_ids)]
+        for first, end in zip(bounds, bounds[1:]):
+            logits = self._decode(list(token_ids[first:end]), first, REQUEST)
+        return LlamaRequest(list(token_ids), logits, ticket, bounds[1:-1])
+
+    def recompute(self, context_ids: list[int], context: list[SequenceState],
+                  selected: list[int], query_ids: list[int]) -> LlamaRequest:
+        """Place every part, recompute ``selected`` positions as contiguous runs in request
+        order, then decode the query. ``context`` itself is never modified."""
+        L, mem = self._L, self._mem
+        n = len(context_ids)
+        if sum(part.n_tokens for part in context) != n:
+            raise ValueError("context states do not cover the context ids")
+        if n + len(query_ids) > self.n_ctx:
+            raise ValueError(f"request of {n + len(query_ids)} tokens exceeds the llama.cpp "
+                             f"context of {self.n_ctx}")
+        selected = sorted(set(selected))
+        if not query_ids and (not selected or selected[-1] != n - 1):
+            selected.append(n - 1)  # its output is the next-token prediction
+        ticket = self._take_context()
+        cuts = [part.start for part in context]
+        for part in context:
+            self._restore(part, CHUNK)
+            if part.start != part.saved_at:
+                L.llama_memory_seq_add(mem, CHUNK, -1, -1, part.start - part.saved_at)
+            L.llama_memory_seq_cp(mem, CHUNK, REQUEST, -1, -1)
+            L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
+        logits = None
+        for first, end in _runs(selected):
+            cuts += [first, end]
+            if first > 0:
+                L.llama_memory_seq_cp(mem, REQUEST, RUN, 0, first)
+            # The run's stale cells go first: the fresh ones then fit in the same room.
+            L.llama_memory_seq_rm(mem, REQUEST, first, end)
+            logits = self._decode(context_ids[first:end], first, RUN)
+            L.llama_memory_seq_cp(mem, RUN, REQUEST, first, end)
+            L.llama_memory_seq_rm(mem, RUN, -1, -1)
+        if query_ids:
+            logits = self._decode(list(query_ids), n, REQUEST)
+        cuts = sorted({c for c in cuts if 0 < c < n} | ({n} if query_ids else set()))
+        return LlamaRequest(list(context_ids) + list(query_ids), logits, ticket, cuts)
+
+    def extend(self, state: LlamaRequest, token_ids: list[int]) -> torch.Tensor:
+        """Append tokens to the state; returns logits for every appended position."""
+        self._check(state)
+        rows = self._decode(list(token_ids), state.length, REQUEST, logits="all")
+        state.token_ids.extend(token_ids)
+        state.logits = rows[-1]
+        return rows
+
+    def rewind(self, state: LlamaRequest, length: int, logits: torch.Tensor) -> None:
+        self._check(state)
+        self._L.llama_memory_seq_rm(self._mem, REQUEST, length, -1)
+        del state.token_ids[length:]
+        state.logits = logits
+
+    def score(self, state: LlamaRequest, target_ids: list[int]) -> float:
+        """Mean NLL (nats/token) of ``target_ids`` following the state; the state is unchanged."""
+        if not target_ids:
+            return 0.0
+        length, first = state.length, state.logits
+        logits = self.extend(state, target_ids)
+        self.rewind(state, length, first)
+        predictions = torch.cat((first[None], logits[:-1]), dim=0)
+        return torch.nn.functional.cross_entropy(predictions, torch.tensor(target_ids)).item()
+
+    def generate(self, state: LlamaRequest, max_new_tokens: int) -> list[int]:
+        """Greedy continuation; the state is left as it was."""
+        self._check(state)
+        length, first = state.length, state.logits
+        out: list[int] = []
+        for _ in range(min(max_new_tokens, self.n_ctx - length)):
+            token = int(state.logits.argmax())
+            if self._is_end(token):
+                break
+            out.append(token)
+            self.extend(state, [token])
+        self.rewind(state, length, first)
+        return out
+
+    def kv_bytes(self, state: LlamaRequest) -> int:
+        self._check(state)
+        return int(self._L.llama_state_seq_get_size(self._ctx, REQUEST))
+
+
+THREADS_ENV = "CODEKV_LLAMA_THREADS"
+
+
+def threads_from_env() -> int | None:
+    """``$CODEKV_LLAMA_THREADS``: ggml's threads spin at barriers, so on cores other work
+    keeps busy fewer threads than cores can be much faster."""
+    text = os.environ.get(THREADS_ENV)
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive whole number, not {text!r}")
+    return int(text)
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Sorted positions as maximal contiguous [first, end) runs."""
+    runs: list[tuple[int, int]] = []
+    for position in positions:
+        if runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
+
+
+def _model_desc(L, model) -> str:
+    buf = ctypes.create_string_buffer(128)
+    L.llama_model_desc(model, buf, len(buf))
+    return buf.value.decode()
+
+

