@@ -345,7 +345,7 @@ def no_model(monkeypatch):
     """Loading a model is a failure here: validation must refuse the input before it."""
     import codekv.models
 
-    def load_backend(model=None):
+    def load_backend(model=None, engine="transformers"):
         raise AssertionError("the model was loaded before the input was checked")
 
     monkeypatch.setattr(codekv.models, "load_backend", load_backend)
@@ -400,7 +400,7 @@ def _compose_backend(monkeypatch, backend, before=None):
     """``load_backend`` returning a tiny model, after running ``before`` (an edit, say)."""
     import codekv.models
 
-    def load_backend(model=None):
+    def load_backend(model=None, engine="transformers"):
         if before is not None:
             before()
         return backend
