@@ -329,7 +329,8 @@ class Composer:
         """The rule and ratio the support file records for the request's workloads; where one
         has none, the default rule (the gate then refuses unless ``experimental``). Several
         workloads that passed with different rules take the one recomputing most."""
-        verdicts = [self.gate.verdict(self.backend.info.family, workload)
+        info = self.backend.info
+        verdicts = [self.gate.verdict(info.family, workload, info.engine)
                     for workload in sorted({WORKLOADS[p.kind] for p in pieces})]
         if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
             return DEFAULT_STRATEGY, DEFAULT_RATIO

@@ -214,6 +214,10 @@ def test_the_gate_needs_llama_cpp_evidence(tiny_llama, tmp_path):
                              "passed": True, "strategy": "boundary"}], "t")
     allowed = composer(tiny_llama, tmp_path, experimental=False, gate=licensed)
     assert allowed.compose([A, B], QUERY, strategy="boundary").status == COMPOSED
+    # strategy="auto" takes the rule from this engine's evidence only.
+    assert gated.compose([A, B], QUERY).status == FULL_PREFILL
+    auto = allowed.compose([A, B], QUERY)
+    assert auto.status == COMPOSED and auto.report.strategy == "boundary"
 
 
 def test_positions_past_the_context_are_refused(tiny_gguf, tmp_path):
@@ -327,7 +331,8 @@ def test_eval_on_llama_cpp_refuses_what_it_cannot_run_and_keys_the_gate(tiny_ggu
     out, gate = tmp_path / "eval.json", tmp_path / "support.json"
     result = CliRunner().invoke(command.eval_command, [
         "--quick", "--backend", "llama.cpp", "--model", str(tiny_gguf), "--workload", "rag",
-        "--tasks", "1", "--strategies", "none,boundary,deviation", "--json", str(out),
+        "--tasks", "1", "--strategies", "none,boundary,deviation", "--no-reorder",
+        "--json", str(out),
         "--write-gate", str(gate),
     ])
     assert result.exit_code == 0, result.output
