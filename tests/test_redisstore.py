@@ -331,7 +331,8 @@ def test_second_home_composes_from_the_first_homes_entries(tmp_path, redis_url, 
     from codekv.cli import main
     from codekv.stdlib_repo import stdlib_dir
 
-    monkeypatch.setattr(codekv.models, "load_backend", lambda model=None: default_backend)
+    monkeypatch.setattr(codekv.models, "load_backend",
+                        lambda model=None, engine="transformers": default_backend)
     monkeypatch.setenv("CODEKV_SCOPE", "team:stdlib-sample")
     files = {name: (stdlib_dir() / name).read_bytes() for name in ("shlex.py", "fnmatch.py")}
     chunks = ["fnmatch.py::filter", "shlex.py::split", "shlex.py::quote"]

@@ -16,8 +16,9 @@ KV cache type by the model fingerprint. A request is built in sequence 0 of one 
 
 One context serves one request at a time: a request state stays usable until the backend
 starts the next request (or prefills a chunk); using it later is an error, never a silent
-answer from another request's KV. llama.cpp is exact for one batch shape only: the same tokens
-decoded in other batches differ by its batch-split noise floor (KL ~0.014 on the default GGUF).
+answer from another request's KV. llama.cpp is exact for one batch shape only: with flash
+attention the same tokens decoded in other batches differ (KL ~0.014 on the default GGUF);
+``batch_reference`` measures that floor for a composed request.
 """
 
 from __future__ import annotations
