@@ -325,6 +325,19 @@ def test_cli_compose_all_check_is_within_the_floor(git_repo):
     assert check["within_floor"] and check["kl"] <= check["batch_floor_kl"] + 1e-4
 
 
+def test_cli_prefill_on_llama_cpp_fills_the_store_once(git_repo, tiny_gguf, tmp_path):
+    from codekv.cli import main
+
+    git_repo.commit({"geometry.py": "def area(width, height):\n    return width * height\n"})
+    args = ["prefill", str(git_repo.root), "--backend", "llama.cpp", "--model", str(tiny_gguf),
+            "--store", str(tmp_path / "home")]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "computed 1, already cached 0" in first.output
+    again = CliRunner().invoke(main, args)
+    assert "computed 0, already cached 1" in again.output
+
+
 def test_eval_on_llama_cpp_refuses_what_it_cannot_run_and_keys_the_gate(tiny_gguf, tmp_path):
     from codekv.eval import command
 
