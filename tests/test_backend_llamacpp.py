@@ -325,6 +325,22 @@ def test_cli_compose_all_check_is_within_the_floor(git_repo):
     assert check["within_floor"] and check["kl"] <= check["batch_floor_kl"] + 1e-4
 
 
+def test_load_backend_by_engine_name(tiny_gguf, tmp_path):
+    from codekv.models import ModelLoadError, load_backend
+
+    default = load_backend("llama.cpp")  # the default GGUF, as it is
+    assert (default.info.engine, default.info.family) == ("llama.cpp", "llama")
+    assert "Q4_1" in default.info.dtype and default.info.max_positions == 8192
+    default.close()
+    tiny = load_backend(tiny_gguf, engine="llama.cpp")
+    assert tiny.info.fingerprint != default.info.fingerprint
+    (tmp_path / "model.bin").write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        load_backend(tmp_path / "model.bin", engine="llama.cpp")
+    with pytest.raises(ModelLoadError, match="unknown engine"):
+        load_backend(engine="vllm")
+
+
 def test_cli_prefill_on_llama_cpp_fills_the_store_once(git_repo, tiny_gguf, tmp_path):
     from codekv.cli import main
 
