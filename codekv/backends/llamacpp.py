@@ -80,10 +80,6 @@ class SequenceState:
     saved_at: int
     start: int
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
-
 
 @dataclass
 class LlamaRequest:
