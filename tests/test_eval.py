@@ -370,8 +370,9 @@ def test_the_command_reproduces_peers_and_throughput():
 
     default = command.canonical_command(EvalConfig())
     assert "--peers kvboost,kvboost-passage --peer-tasks 4 --throughput-tasks 12 " in default
-    without = command.canonical_command(EvalConfig(peers=(), throughput_tasks=0))
-    assert "--peers none --throughput-tasks 0 " in without and "--peer-tasks" not in without
+    without = command.canonical_command(EvalConfig(peers=(), throughput_tasks=0, reuse_tasks=0))
+    assert "--peers none --throughput-tasks 0 --reuse-tasks 0 " in without
+    assert "--peer-tasks" not in without
     assert command._peers("none") == () and command._peers("kvboost") == ("kvboost",)
 
 

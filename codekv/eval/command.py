@@ -81,7 +81,8 @@ def canonical_command(config) -> str:
     parts += ["--peers", ",".join(config.peers) or "none"]
     if config.peers:
         parts += ["--peer-tasks", str(config.peer_tasks)]
-    parts += ["--throughput-tasks", str(config.throughput_tasks)]
+    parts += ["--throughput-tasks", str(config.throughput_tasks),
+              "--reuse-tasks", str(config.reuse_tasks)]
     parts += ["--min-tasks", str(config.thresholds.min_tasks)]
     if not config.reorder:
         parts.append("--no-reorder")

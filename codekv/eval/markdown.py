@@ -28,7 +28,7 @@ def results_tables(data: dict) -> str:
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in data["results"]):
         lines += [f"### {workload}", ""]
-        lines.append(_row(["method", "ratio", "tasks", "ΔNLL [95% CI]", "|ΔNLL| [95% CI]",
+        lines.append(_row(["method", "ratio", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]",
                            "agreement", "decisive agreement", "near-ties",
                            "edit-similarity drop [95% CI]", "KL", "TTFT s", "speedup"]))
         lines.append(_row(["---"] * 12))
@@ -52,8 +52,8 @@ def comparison_tables(data: dict) -> str:
     rows = data.get("comparisons") or []
     if not rows:
         return ""
-    lines = [_row(["workload", "rule", "baseline", "ratio", "tasks", "|ΔNLL| rule",
-                   "|ΔNLL| baseline", "difference [95% CI]", "rule / baseline"]),
+    lines = [_row(["workload", "rule", "baseline", "ratio", "tasks", "\\|ΔNLL\\| rule",
+                   "\\|ΔNLL\\| baseline", "difference [95% CI]", "rule / baseline"]),
              _row(["---"] * 9)]
     for c in rows:
         lines.append(_row([c["workload"], c["strategy"], c["baseline"], f"{c['ratio']:g}",

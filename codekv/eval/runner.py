@@ -170,6 +170,7 @@ class _Reference:
     greedy_tokens: int  # agreement is measured over the first ones of ``greedy_ids``
     answer: str  # the expected answer
     one_line: bool  # a completion: scored on its first line
+    answer_length: int  # a greedy answer is scored on its first tokens, this many
 
     @classmethod
     def of(cls, backend, full, task: Task, greedy_tokens: int) -> _Reference:
@@ -182,7 +183,7 @@ class _Reference:
         logp = forced_logprobs(backend, full.state, answer_ids)
         return cls(answer_ids, logp, greedy_ids, margin >= DECISIVE_MARGIN,
                    _nll(logp, answer_ids), full.report.ttft_s, greedy_tokens, task.answer,
-                   one_line)
+                   one_line, length)
 
 
 def forced_logprobs(backend, state, token_ids: list[int]) -> torch.Tensor:
@@ -274,8 +275,8 @@ def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Me
     kl = _kl(ref.answer_logp, logp)
     agree = top1[: ref.greedy_tokens] == torch.tensor(ref.greedy_ids[: ref.greedy_tokens])
     decisive = ref.decisive[: len(agree)]
-    answer = score(backend.detokenize(greedy_answer(backend, result.state, ref, top1)),
-                   ref.answer, one_line=ref.one_line)
+    answer_ids = greedy_answer(backend, result.state, ref, top1)[: ref.answer_length]
+    answer = score(backend.detokenize(answer_ids), ref.answer, one_line=ref.one_line)
     report = result.report
     return Measure(
         workload=task.workload, task=task.id, method=method.label, strategy=method.strategy,
