@@ -262,12 +262,7 @@ class RedisKVStore:
         for name, _ in order:
             if total <= max_bytes:
                 break
-            lru, digest = _lru_and_digest(name)
-            with self._client.pipeline(transaction=True) as pipe:
-                pipe.delete(name)
-                pipe.zrem(lru, digest)
-                deleted, _ = pipe.execute()
-            removed += deleted
+            removed += self._delete(name)
             total -= sizes[name]
         return removed
 
@@ -282,6 +277,15 @@ class RedisKVStore:
         with self._maintenance("gc"):
             return self._gc(keep)
 
+    def _delete(self, name: str) -> int:
+        """Delete an entry and its LRU record together; 1 if the entry was there."""
+        lru, digest = _lru_and_digest(name)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(name)
+            pipe.zrem(lru, digest)
+            deleted, _ = pipe.execute()
+        return deleted
+
     def _gc(self, keep: Callable[[dict], bool] | None) -> int:
         removed = 0
         for name in self._scan("codekv:{*}:e:*"):
@@ -295,12 +299,7 @@ class RedisKVStore:
             else:
                 gone = provenance is None or not keep(provenance)
             if gone:
-                lru, digest = _lru_and_digest(name)
-                with self._client.pipeline(transaction=True) as pipe:
-                    pipe.delete(name)
-                    pipe.zrem(lru, digest)
-                    deleted, _ = pipe.execute()
-                removed += deleted
+                removed += self._delete(name)
         for lru in self._scan("codekv:{*}:lru"):
             prefix = lru[: -len("lru")]
             digests = [d.decode() for d in self._client.zrange(lru, 0, -1)]
