@@ -39,6 +39,21 @@ class ModelInfo:
     engine: str = "transformers"  # the gate keys its evidence by engine and family
 
 
+def mean_nll(backend: Backend, state: RequestState, target_ids: list[int]) -> float:
+    """Mean NLL (nats/token) of ``target_ids`` following ``state``, through the backend's own
+    ``extend`` and ``rewind``: the state is left as it was. Every engine scores this way."""
+    import torch
+
+    if not target_ids:
+        return 0.0
+    length, first = state.length, state.logits
+    logits = backend.extend(state, target_ids)
+    backend.rewind(state, length, first)
+    predictions = torch.cat((first[None], logits[:-1]), dim=0)
+    targets = torch.tensor(target_ids, device=predictions.device)
+    return torch.nn.functional.cross_entropy(predictions, targets).item()
+
+
 class ChunkState(Protocol):
     """A backend's KV of a token span whose first token sits at position ``start``."""
 

@@ -23,7 +23,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from codekv.backends import ModelInfo, UnsupportedModel
+from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
 from codekv.kvstore import KVEntry
 
 # Families whose attention is full (no sliding window) with rotate-half RoPE applied to keys
@@ -377,14 +377,7 @@ class HFBackend:
     @torch.inference_mode()
     def score(self, state: RequestState, target_ids: list[int]) -> float:
         """Mean NLL (nats/token) of ``target_ids`` following the state; the state is unchanged."""
-        if not target_ids:
-            return 0.0
-        length, first = state.length, state.logits
-        logits = self.extend(state, target_ids)
-        self.rewind(state, length, first)
-        predictions = torch.cat((first[None], logits[:-1]), dim=0)
-        targets = torch.tensor(target_ids, device=predictions.device)
-        return torch.nn.functional.cross_entropy(predictions, targets).item()
+        return mean_nll(self, state, target_ids)
 
     def kv_bytes(self, state: RequestState) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in state.cache.layers)

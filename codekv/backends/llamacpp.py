@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from codekv.backends import ModelInfo, UnsupportedModel
+from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
 from codekv.kvstore import KVEntry
 from codekv.tokens import file_digest
 
@@ -430,13 +430,7 @@ class LlamaCppBackend:
 
     def score(self, state: LlamaRequest, target_ids: list[int]) -> float:
         """Mean NLL (nats/token) of ``target_ids`` following the state; the state is unchanged."""
-        if not target_ids:
-            return 0.0
-        length, first = state.length, state.logits
-        logits = self.extend(state, target_ids)
-        self.rewind(state, length, first)
-        predictions = torch.cat((first[None], logits[:-1]), dim=0)
-        return torch.nn.functional.cross_entropy(predictions, torch.tensor(target_ids)).item()
+        return mean_nll(self, state, target_ids)
 
     def generate(self, state: LlamaRequest, max_new_tokens: int) -> list[int]:
         """Greedy continuation; the state is left as it was."""
