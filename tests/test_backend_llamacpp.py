@@ -30,14 +30,10 @@ except ImportError:
     pytest.skip("llama-cpp-python is not installed (pip install 'codekv[llamacpp]')",
                 allow_module_level=True)
 
+from test_compose import B2, PREFIX, QUERY, A, B, C  # noqa: E402 - the composer's fixtures
+
 from codekv.backends.llamacpp import LlamaCppBackend  # noqa: E402
 
-A = Passage("def area(width, height):\n    return width * height\n", "area")
-B = Passage("The quick brown fox jumps over the lazy dog near the river bank.", "fox")
-B2 = Passage("The quick brown cat sleeps under the lazy dog near the old mill.", "cat")
-C = Passage("class Stack:\n    def push(self, item):\n        self.items.append(item)\n", "stack")
-PREFIX = "You answer questions about code.\n"
-QUERY = "Question: what does area return?\n"
 SAME_BATCHES = 1e-3  # max |logit| difference to the same tokens decoded in the same batches
 
 
