@@ -329,9 +329,7 @@ class Composer:
         """The rule and ratio the support file records for the request's workloads; where one
         has none, the default rule (the gate then refuses unless ``experimental``). Several
         workloads that passed with different rules take the one recomputing most."""
-        info = self.backend.info
-        verdicts = [self.gate.verdict(info.family, workload, info.engine)
-                    for workload in sorted({WORKLOADS[p.kind] for p in pieces})]
+        verdicts = self._verdicts(pieces)
         if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
             return DEFAULT_STRATEGY, DEFAULT_RATIO
         chosen = max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
@@ -347,11 +345,16 @@ class Composer:
                 return f"unsupported: strategy {selection.name}: {refusal}"
         if self.experimental or not pieces:
             return None
-        for workload in sorted({WORKLOADS[p.kind] for p in pieces}):
-            verdict = self.gate.verdict(info.family, workload, info.engine)
+        for verdict in self._verdicts(pieces):
             if not verdict.allowed:
                 return verdict.reason
         return None
+
+    def _verdicts(self, pieces: list[RequestPiece]) -> list:
+        """The gate's verdict for each workload the request's chunks belong to."""
+        info = self.backend.info
+        return [self.gate.verdict(info.family, workload, info.engine)
+                for workload in sorted({WORKLOADS[p.kind] for p in pieces})]
 
     def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report,
                  query_names: frozenset[str] = frozenset()):
