@@ -277,6 +277,19 @@ def test_methods_use_ratios_only_where_they_mean_something():
                                                                   "kvboost-passage@0.2"]
 
 
+def test_a_strategy_may_name_its_own_ratio():
+    """``NAME@RATIO`` runs that rule at that ratio only, beside the grid of the others."""
+    composed = methods.composition_methods(("boundary", "query@0.25", "none@0.3"), (0.1, 0.15))
+    assert [m.label for m in composed] == ["boundary@0.1", "boundary@0.15", "query@0.25",
+                                           "none"]
+    assert command._strategies("query@0.25,boundary") == ("query@0.25", "boundary")
+    for bad, message in (("query@x", "numbers"), ("query@1.5", "between 0 and 1"),
+                         ("query@0", "above 0"), ("all@0.2", "unknown strategies"),
+                         (",", "unknown strategies")):
+        with pytest.raises(click.BadParameter, match=message):
+            command._strategies(bad)
+
+
 def test_evaluated_strategies_come_from_the_selection_registry():
     """Every registered strategy is evaluated except the one that is full prefill at a
     higher cost; the gate may pick all of those but the baseline without re-positioning."""

@@ -36,6 +36,21 @@ def _names(text: str | None, choices=STRATEGIES, what="strategies") -> tuple[str
     return names
 
 
+def _strategies(text: str | None) -> tuple[str, ...] | None:
+    """Strategy names, each optionally ``NAME@RATIO`` (that ratio instead of ``--ratios``)."""
+    if text is None:
+        return None
+    entries = tuple(v.strip() for v in text.split(",") if v.strip())
+    _names(",".join(e.partition("@")[0] for e in entries))
+    for entry in entries:
+        name, at, ratio = entry.partition("@")
+        if at:
+            _floats(ratio)
+            if not float(ratio) > 0:
+                raise click.BadParameter(f"{entry}: a fixed ratio must be above 0")
+    return entries
+
+
 def _pruning(text: str | None) -> tuple[str, ...] | None:
     if text is not None and text.strip() == "none":
         return ()
@@ -111,7 +126,8 @@ def canonical_command(config) -> str:
 @click.option("--ratios", default=None,
               help="Recompute ratios, comma-separated [0,0.05,0.1,0.15,0.25; --quick 0.15].")
 @click.option("--strategies", default=None,
-              help="Strategies, comma-separated [" + ",".join(STRATEGIES) + "].")
+              help="Strategies, comma-separated; NAME@RATIO runs one at that ratio only ["
+                   + ",".join(STRATEGIES) + "].")
 @click.option("--pruning", default=None,
               help="KV pruning baselines (kvpress), comma-separated, or 'none' ["
                    + ",".join(PRUNING_RULES) + "].")
@@ -170,7 +186,7 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
         prefix = ""  # no system prompt (None would mean the default one)
     options = dict(repos=tuple(repos) or None, prefix=prefix,
                    workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
-                   ratios=_floats(ratios), strategies=_names(strategies),
+                   ratios=_floats(ratios), strategies=_strategies(strategies),
                    pruning=_pruning(pruning), budgets=_budgets(budgets),
                    pruning_tasks=pruning_tasks, peers=_peers(peers), peer_tasks=peer_tasks,
                    throughput_tasks=throughput_tasks,

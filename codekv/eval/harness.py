@@ -301,14 +301,15 @@ def _runnable(strategies: tuple[str, ...], backend, notes: list[str]) -> tuple[s
     from codekv.selection import strategy as make_strategy
 
     kept = []
-    for name in strategies:
+    for entry in strategies:
+        name = methods.split_entry(entry)[0]
         rule = make_strategy(name)
         reason = ((rule.needs_deviation and backend.deviation_refusal)
                   or (rule.needs_relevance and backend.relevance_refusal))
         if reason:
             notes.append(f"{name}: refused on {backend.info.engine}: {reason}")
         else:
-            kept.append(name)
+            kept.append(entry)
     return tuple(kept)
 
 

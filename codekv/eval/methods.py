@@ -100,15 +100,25 @@ REFERENCE = Method(FULL, 1.0, "reference")
 FULL_REORDERED = Method("full-reordered", 1.0, "reference")
 
 
+def split_entry(entry: str) -> tuple[str, float | None]:
+    """``NAME`` (at every ratio of the run) or ``NAME@RATIO`` (at that ratio only)."""
+    name, at, ratio = entry.partition("@")
+    return name, float(ratio) if at else None
+
+
 def composition_methods(strategies=STRATEGIES, ratios=RATIOS) -> list[Method]:
-    """Each strategy at each ratio where the ratio means something (none: only at 0)."""
+    """Each strategy at each ratio where the ratio means something (none: only at 0); an
+    entry ``NAME@RATIO`` at that ratio only, so an evidence run can skip a grid's corners."""
     out = []
-    for name in strategies:
+    for entry in strategies:
+        name, fixed = split_entry(entry)
         if SELECTION[name].ratio_free:
             out.append(Method(name, 0.0))
+        elif fixed is not None:
+            out.append(Method(name, fixed))
         else:
             out.extend(Method(name, r) for r in ratios if r > 0)
-    return out
+    return list(dict.fromkeys(out))
 
 
 def pruning_methods(names=PRUNING_RULES, budgets=BUDGETS) -> list[Method]:
