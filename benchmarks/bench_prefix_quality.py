@@ -54,7 +54,7 @@ def main() -> int:
         for after in (False, True):
             store = LocalKVStore(Path(tempfile.mkdtemp(prefix="codekv-bench-prefix-")))
             composer = Composer(backend, index, store, experimental=True,
-                                chunks_after_prefix=after)
+                                conditioning="prefix" if after else "none")
             measures = [m for task in tasks for m in runner.run_task(
                 composer, task, [runner.Composition(methods)], prefix=reuse.SYSTEM_PROMPT)]
             for method in methods:

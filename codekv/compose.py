@@ -25,6 +25,8 @@ import torch
 from codekv import paths
 from codekv.backends import Backend, RequestState, UnsupportedModel
 from codekv.chunks import Chunk
+from codekv.conditioning import DEFAULT_CONDITIONING, GRAPH_TOKENS
+from codekv.conditioning import checked as checked_conditioning
 from codekv.gate import WORKLOADS, SupportGate
 from codekv.kvstore import KVKey, KVStore, LocalKVStore, token_hash
 from codekv.selection import Segment, SelectionContext, TokenAnchor
@@ -38,6 +40,7 @@ AUTO = "auto"
 DEFAULT_STRATEGY, DEFAULT_RATIO = "anchors", 0.15
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+NEIGHBOUR_CACHE = 4096  # definitions whose tokens graph conditioning keeps in memory
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Report:
     status: str = FULL_PREFILL
     strategy: str = ""
     ratio: float = 0.0
+    conditioning: str = ""  # what the chunks' KV was computed after (a composed request)
     total_tokens: int = 0
     prefix_tokens: int = 0
     context_tokens: int = 0
@@ -148,6 +152,7 @@ class RequestPiece:
     chunk_id: str | None
     anchors: list[TokenAnchor]
     provenance: dict
+    chunk: Chunk | None = None  # a code piece's chunk (graph conditioning reads its uses)
 
 
 @dataclass(frozen=True)
@@ -172,10 +177,10 @@ class Request:
 class Composer:
     """Composes requests for one backend; agents call ``compose`` once per task.
 
-    ``chunks_after_prefix``: with a request prefix (a system prompt), chunks are prefilled
-    right after it and stored per prefix, so no chunk's first token acts as the start of a
-    sequence; False stores one prefix-independent entry per chunk (more reuse across prompts,
-    lower quality).
+    ``conditioning`` says what each chunk's KV is computed after (``codekv.conditioning``):
+    ``"prefix"`` (default), ``"none"`` or ``"graph"``, each stored apart. Under ``"graph"`` a
+    code chunk is computed after the prefix and the definitions it uses (up to
+    ``graph_tokens``); passages have no graph and are computed after the prefix.
     """
 
     def __init__(
@@ -186,7 +191,8 @@ class Composer:
         scope: str | None = None,
         gate: SupportGate | None = None,
         experimental: bool = False,
-        chunks_after_prefix: bool = True,
+        conditioning: str = DEFAULT_CONDITIONING,
+        graph_tokens: int = GRAPH_TOKENS,
     ):
         self.backend = backend
         self.index = index
@@ -196,7 +202,9 @@ class Composer:
         self.scope = scope or default_scope(index)
         self.gate = gate or SupportGate.load()
         self.experimental = experimental
-        self.chunks_after_prefix = chunks_after_prefix
+        self.conditioning = checked_conditioning(conditioning)
+        self.graph_tokens = graph_tokens
+        self._neighbours: OrderedDict[str, list[int]] = OrderedDict()  # neighbour tokens
         self.prefix_cache = ExactPrefixCache()
         self.counters = Counters()
 
@@ -209,6 +217,7 @@ class Composer:
         strategy: str = AUTO,
         ratio: float | None = None,
         max_new_tokens: int = 0,
+        conditioning: str | None = None,
     ) -> ComposeResult:
         """Build the request state for ``prefix + chunks + query``.
 
@@ -216,7 +225,8 @@ class Composer:
         strings (these need an index) or ``Passage`` objects, in request order.
         ``strategy="auto"`` takes the rule and ratio the support file records as passing for
         the request's workloads (``ratio`` must then be None); a named strategy recomputes
-        ``ratio`` of the chunk tokens (default ``DEFAULT_RATIO``).
+        ``ratio`` of the chunk tokens (default ``DEFAULT_RATIO``). ``conditioning`` overrides
+        the composer's for this request.
         """
         started = time.perf_counter()
         if strategy == AUTO and ratio is not None:
@@ -227,11 +237,12 @@ class Composer:
             if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio <= 1):
                 raise ValueError(f"ratio must be a number from 0 to 1, not {ratio!r}")
             make_strategy(strategy)  # an unknown name fails before any work
+        conditioning = checked_conditioning(conditioning or self.conditioning)
         request = self.build_request(chunks, query, prefix)
         prefix_ids, pieces, query_ids = request.prefix_ids, request.pieces, request.query_ids
         if strategy == AUTO:
             strategy, ratio = self._supported_rule(pieces)
-        report = Report(strategy=strategy, ratio=ratio)
+        report = Report(strategy=strategy, ratio=ratio, conditioning=conditioning)
         selection = make_strategy(strategy)
         context_ids = request.context_ids
         report.prefix_tokens = len(prefix_ids)
@@ -251,7 +262,7 @@ class Composer:
         if reason is None:
             try:
                 state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report,
-                                      frozenset(IDENTIFIER.findall(query)))
+                                      frozenset(IDENTIFIER.findall(query)), conditioning)
             except (UnsupportedModel, RuntimeError, ValueError) as error:
                 reason = f"composition failed: {error}"
             else:
@@ -287,14 +298,18 @@ class Composer:
         state = self.backend.full_prefill(request.token_ids)
         return self._finish(state, report, started)
 
-    def prefill(self, chunks: list, prefix: str | None = None) -> tuple[int, int]:
-        """Fill the chunk store (for requests with ``prefix``); returns (computed, cached).
+    def prefill(self, chunks: list, prefix: str | None = None,
+                conditioning: str | None = None) -> tuple[int, int]:
+        """Fill the chunk store (for requests with ``prefix``, under ``conditioning``, default
+        the composer's); returns (computed, cached).
 
         A chunk longer than the model's positions (after the prefix) is refused before any is
         computed: no request could ever use its KV.
         """
-        prefix_ids = self.backend.tokenize(prefix) if prefix and self.chunks_after_prefix else []
-        pieces = self.build_request(chunks).pieces
+        conditioning = checked_conditioning(conditioning or self.conditioning)
+        request = self.build_request(chunks, prefix=prefix)
+        prefix_ids = request.prefix_ids if conditioning != "none" else []
+        pieces = request.pieces
         limit = self.backend.info.max_positions
         for piece in pieces:
             if len(prefix_ids) + len(piece.ids) > limit:
@@ -307,11 +322,12 @@ class Composer:
                 )
         computed = cached = 0
         for piece in pieces:
-            key = self._key(piece, prefix_ids)
+            after = self._after(piece, prefix_ids, conditioning)
+            key = self._key(piece, after)
             if self.store.contains(key):
                 cached += 1
                 continue
-            self._chunk_kv(piece, key, prefix_ids)
+            self._chunk_kv(piece, key, after)
             computed += 1
         return computed, cached
 
@@ -357,7 +373,8 @@ class Composer:
                 for workload in sorted({WORKLOADS[p.kind] for p in pieces})]
 
     def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report,
-                 query_names: frozenset[str] = frozenset()):
+                 query_names: frozenset[str] = frozenset(),
+                 conditioning: str = DEFAULT_CONDITIONING):
         timings = report.timings
         t0 = time.perf_counter()
         parts = []
@@ -378,7 +395,7 @@ class Composer:
         t0 = time.perf_counter()
         cached = []
         for piece in pieces:
-            after = prefix_ids if self.chunks_after_prefix else []
+            after = self._after(piece, prefix_ids, conditioning)
             kv, hit = self._chunk_kv(piece, self._key(piece, after), after)
             report.chunk_hits += hit
             report.chunk_misses += not hit
@@ -439,9 +456,47 @@ class Composer:
         report.timings = {k: round(v, 4) for k, v in report.timings.items()}
         return ComposeResult(report.status, report, state, self.backend)
 
+    def _after(self, piece: RequestPiece, prefix_ids: list[int], conditioning: str) -> list[int]:
+        """The tokens a chunk's KV is computed after, under ``conditioning``."""
+        if conditioning == "none":
+            return []
+        if conditioning == "prefix" or piece.chunk is None or self.index is None:
+            return prefix_ids
+        room = self.backend.info.max_positions - len(prefix_ids) - len(piece.ids)
+        return prefix_ids + self._neighbour_ids(piece.chunk, min(self.graph_tokens, room))
+
+    def _neighbour_ids(self, chunk: Chunk, budget: int) -> list[int]:
+        """The definitions ``chunk`` uses (as the index has them now), rendered as request
+        chunks, most-used first (then first used), whole chunks only, at most ``budget``
+        tokens together."""
+        first_use: dict[str, int] = {}
+        uses: dict[str, int] = {}
+        for use in self.index.uses(chunk):
+            first_use.setdefault(use.target, use.start_byte)
+            uses[use.target] = uses.get(use.target, 0) + 1
+        ids: list[int] = []
+        for neighbour in sorted(self.index.depends_on(chunk),
+                                key=lambda c: (-uses.get(c.id, 0), first_use.get(c.id, 0))):
+            tokens = self._neighbour_tokens(neighbour)
+            if len(ids) + len(tokens) <= budget:
+                ids += tokens
+        return ids
+
+    def _neighbour_tokens(self, chunk: Chunk) -> list[int]:
+        """A neighbour's tokens, kept by its blob and span (what its text is made of)."""
+        key = f"{chunk.blob_hash}:{chunk.start_byte}:{chunk.end_byte}:{chunk.path}"
+        tokens = self._neighbours.get(key)
+        if tokens is None:
+            tokens = self._neighbours[key] = self.backend.tokenize(self._code_text(chunk))
+            while len(self._neighbours) > NEIGHBOUR_CACHE:
+                self._neighbours.popitem(last=False)
+        self._neighbours.move_to_end(key)
+        return tokens
+
     def _key(self, piece: RequestPiece, prefix_ids: list[int]) -> KVKey:
-        """A chunk's KV depends on what it was prefilled after: nothing, or the request's
-        exact prefix (then its tokens never saw themselves start a sequence)."""
+        """A chunk's KV depends on what it was prefilled after: nothing, the request's exact
+        prefix (then its tokens never saw themselves start a sequence), or that prefix and the
+        chunk's def-use neighbours."""
         info = self.backend.info
         identity = piece.identity
         if prefix_ids:
@@ -489,30 +544,36 @@ class Composer:
             raise ValueError(f"chunk {item!r} needs an index to resolve")
         return self.index.resolve(item)
 
-    def _code_piece(self, chunk: Chunk) -> RequestPiece:
-        header = f"# {chunk.path}\n"
+    def _code(self, chunk: Chunk) -> bytes:
         code = self.index.text(chunk) if self.index is not None else None
         if code is None:
             raise ValueError(f"chunk {chunk.id} has no text source")
-        body = code.decode("utf-8", "replace")
-        text = header + body + "\n\n"
-        ids, offsets = self.backend.tokenize_with_offsets(text)
+        return code
+
+    def _code_text(self, chunk: Chunk, code: bytes | None = None) -> str:
+        """How a code chunk reads in a request: a path header, then its code."""
+        code = self._code(chunk) if code is None else code
+        return f"# {chunk.path}\n" + code.decode("utf-8", "replace") + "\n\n"
+
+    def _code_piece(self, chunk: Chunk) -> RequestPiece:
+        header = f"# {chunk.path}\n"
+        code = self._code(chunk)
+        ids, offsets = self.backend.tokenize_with_offsets(self._code_text(chunk, code))
         anchors = []
-        if self.index is not None:
-            char_at = _byte_to_char(code)
-            for anchor in self.index.anchors(chunk):
-                start = len(header) + char_at(anchor.start_byte - chunk.start_byte)
-                end = len(header) + char_at(anchor.end_byte - chunk.start_byte)
-                tokens = _tokens_in(offsets, start, end)
-                if tokens:
-                    first, last = tokens
-                    anchors.append(TokenAnchor(anchor.kind, anchor.name, first,
-                                               min(last, first + ANCHOR_TOKENS), anchor.target))
+        char_at = _byte_to_char(code)
+        for anchor in self.index.anchors(chunk):
+            start = len(header) + char_at(anchor.start_byte - chunk.start_byte)
+            end = len(header) + char_at(anchor.end_byte - chunk.start_byte)
+            tokens = _tokens_in(offsets, start, end)
+            if tokens:
+                first, last = tokens
+                anchors.append(TokenAnchor(anchor.kind, anchor.name, first,
+                                           min(last, first + ANCHOR_TOKENS), anchor.target))
         identity = f"chunk:{chunk.blob_hash}:{chunk.start_byte}:{chunk.end_byte}:{chunk.path}"
         provenance = {"kind": "code", "repository": getattr(self.index, "root", None),
                       "path": chunk.path, "blob": chunk.blob_hash, "chunk": chunk.id,
                       "name": chunk.qualname}
-        return RequestPiece(ids, identity, "code", chunk.id, anchors, provenance)
+        return RequestPiece(ids, identity, "code", chunk.id, anchors, provenance, chunk)
 
 
 def query_probe_layers(n_layers: int) -> tuple[int, ...]:

@@ -427,6 +427,61 @@ def test_code_chunks_from_an_index(tiny_backend, git_repo, tmp_path):
     assert 0 < anchored.report.recomputed_tokens <= round(0.3 * anchored.report.context_tokens)
 
 
+def graph_composer(backend, git_repo, tmp_path, conditioning="graph", **options):
+    """An index where b.py::gamma uses a.py::alpha, and c.py::big is too long to condition on."""
+    git_repo.commit({
+        "a.py": "def alpha(x):\n    if x > 1:\n        return x * 2\n    return 0\n",
+        "b.py": "from a import alpha\n\n\ndef gamma(y):\n    z = alpha(y)\n    return z + 1\n",
+    })
+    index = Index(git_repo.root, counter=CounterSpec("bytes"))
+    index.update()
+    return Composer(backend, index=index, store=LocalKVStore(tmp_path / "kv"),
+                    gate=SupportGate([], "test"), experimental=True, conditioning=conditioning,
+                    **options)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_graph_conditioning_computes_a_chunk_after_what_it_uses(tiny_backend, git_repo,
+                                                               tmp_path, family):
+    """Under graph conditioning gamma's KV is computed after the prefix and alpha, so a request
+    laid out exactly that way needs no recompute to equal full prefill; prefix conditioning
+    (gamma after the prefix alone) does not."""
+    composer = graph_composer(tiny_backend(family), git_repo, tmp_path)
+    chunks, query = ["a.py::alpha", "b.py::gamma"], "What does gamma return?"
+    reference = composer.full_prefill(chunks, query, prefix=PREFIX)
+    graph = composer.compose(chunks, query, prefix=PREFIX, strategy="none")
+    assert graph.status == COMPOSED and graph.report.conditioning == "graph"
+    assert graph.report.recomputed_tokens == 0
+    assert_exact(graph, reference)
+    prefix = composer.compose(chunks, query, prefix=PREFIX, strategy="none",
+                              conditioning="prefix")
+    assert prefix.report.chunk_misses == 1  # gamma after the prefix alone: its own entry
+    assert max_diff(prefix.next_token_logits(), reference.next_token_logits()) > TOL
+    # alpha uses nothing in the repository: its entry is the same under both
+    assert composer.store.stats().entries == 3
+    for order in (chunks, chunks[::-1]):  # and `all` stays exact in any order
+        assert_exact(composer.compose(order, query, prefix=PREFIX, strategy="all"),
+                     composer.full_prefill(order, query, prefix=PREFIX))
+
+
+def test_graph_conditioning_is_keyed_by_the_neighbours(tiny_backend, git_repo, tmp_path):
+    """Editing a definition retires the entries of the chunks conditioned on it; a neighbour
+    beyond the token budget is left out."""
+    composer = graph_composer(tiny_backend("llama"), git_repo, tmp_path)
+    assert composer.prefill(["b.py::gamma"], PREFIX) == (1, 0)
+    assert composer.prefill(["b.py::gamma"], PREFIX) == (0, 1)
+    git_repo.commit({"a.py": "def alpha(x):\n    return -x\n"})  # gamma's text is unchanged
+    composer.index.update()
+    assert composer.prefill(["b.py::gamma"], PREFIX) == (1, 0)
+    tight = graph_composer(composer.backend, git_repo, tmp_path / "tight", graph_tokens=4)
+    gamma = tight.build_request(["b.py::gamma"], prefix=PREFIX).pieces[0]
+    prefix_ids = tight.backend.tokenize(PREFIX)
+    assert tight._after(gamma, prefix_ids, "graph") == prefix_ids  # alpha does not fit in 4
+    assert len(composer._after(gamma, prefix_ids, "graph")) > len(prefix_ids)
+    with pytest.raises(ValueError, match="unknown conditioning"):
+        composer.compose(["b.py::gamma"], "q", strategy="none", conditioning="neighbours")
+
+
 def test_a_request_is_the_token_sequence_full_prefill_runs(tiny_backend, tmp_path):
     composer = make_composer(tiny_backend("llama"), tmp_path)
     request = composer.build_request([A, B], QUERY, prefix=PREFIX)
@@ -453,7 +508,7 @@ def test_chunks_after_a_prefix_are_prefilled_after_it(tiny_backend, tmp_path, fa
     assert len(entry_files(tmp_path)) == 3
     assert composer.prefill([A, B], prefix=PREFIX) == (1, 1)  # A after PREFIX is there already
     shared = make_composer(composer.backend, tmp_path / "shared")
-    shared.chunks_after_prefix = False  # one entry per chunk whatever the prefix: not exact
+    shared.conditioning = "none"  # one entry per chunk whatever the prefix: not exact
     result = shared.compose([A], QUERY, prefix=PREFIX, strategy="none")
     assert max_diff(result.next_token_logits(),
                     shared.full_prefill([A], QUERY, prefix=PREFIX).next_token_logits()) > TOL
