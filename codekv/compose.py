@@ -112,6 +112,8 @@ class Counters:
     full_prefill: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
     store_errors: dict[str, int] = field(default_factory=dict)  # chunk KV that could not be kept
+    chunk_prefills: int = 0  # chunk KV computed because the store had none
+    chunk_prefill_tokens: int = 0  # tokens those took through the model, conditioning included
 
 
 class ExactPrefixCache:
@@ -237,11 +239,14 @@ class Composer:
             if not (isinstance(ratio, int | float) and math.isfinite(ratio) and 0 <= ratio <= 1):
                 raise ValueError(f"ratio must be a number from 0 to 1, not {ratio!r}")
             make_strategy(strategy)  # an unknown name fails before any work
-        conditioning = checked_conditioning(conditioning or self.conditioning)
+        if conditioning is not None:
+            checked_conditioning(conditioning)
         request = self.build_request(chunks, query, prefix)
         prefix_ids, pieces, query_ids = request.prefix_ids, request.pieces, request.query_ids
         if strategy == AUTO:
-            strategy, ratio = self._supported_rule(pieces)
+            strategy, ratio, evidenced = self._supported_rule(pieces)
+            conditioning = conditioning or evidenced
+        conditioning = conditioning or self.conditioning
         report = Report(strategy=strategy, ratio=ratio, conditioning=conditioning)
         selection = make_strategy(strategy)
         context_ids = request.context_ids
@@ -341,15 +346,16 @@ class Composer:
         return Request(prefix_ids, [self._piece(item) for item in chunks], query_ids)
 
     # -- steps ---------------------------------------------------------------------------
-    def _supported_rule(self, pieces: list[RequestPiece]) -> tuple[str, float]:
-        """The rule and ratio the support file records for the request's workloads; where one
-        has none, the default rule (the gate then refuses unless ``experimental``). Several
-        workloads that passed with different rules take the one recomputing most."""
+    def _supported_rule(self, pieces: list[RequestPiece]) -> tuple[str, float, str | None]:
+        """The rule, ratio and conditioning the support file records for the request's
+        workloads; where one has none, the default rule (the gate then refuses unless
+        ``experimental``). Several workloads that passed with different rules take the one
+        recomputing most."""
         verdicts = self._verdicts(pieces)
         if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
-            return DEFAULT_STRATEGY, DEFAULT_RATIO
+            return DEFAULT_STRATEGY, DEFAULT_RATIO, None
         chosen = max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
-        return chosen.strategy, chosen.ratio or 0.0
+        return chosen.strategy, chosen.ratio or 0.0, chosen.conditioning
 
     def _refusal(self, pieces: list[RequestPiece], selection) -> str | None:
         info = self.backend.info
@@ -512,6 +518,8 @@ class Composer:
         if entry is not None:
             return self.backend.from_entry(entry, len(prefix_ids)), True
         kv = self.backend.prefill_chunk(piece.ids, prefix_ids)
+        self.counters.chunk_prefills += 1
+        self.counters.chunk_prefill_tokens += len(prefix_ids) + len(piece.ids)
         provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
                           engine=self.backend.info.engine, n_tokens=len(piece.ids),
                           start=kv.start, created=time.time(),

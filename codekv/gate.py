@@ -25,6 +25,7 @@ class Verdict:
     reason: str
     strategy: str | None = None
     ratio: float | None = None
+    conditioning: str | None = None  # what the passing rule's chunk KV was computed after
 
 
 class SupportGate:
@@ -54,6 +55,7 @@ class SupportGate:
             if (entry.get("family") == family and entry.get("workload") == workload
                     and entry.get("backend", TRANSFORMERS) == engine):
                 if entry.get("passed"):
-                    return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"))
+                    return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"),
+                                   entry.get("conditioning"))
                 return Verdict(False, f"unsupported: {pair} failed its evaluation")
         return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")

@@ -258,6 +258,14 @@ def test_auto_composes_with_the_rule_the_support_file_passed(tiny_backend, tmp_p
     experimental = make_composer(tiny_backend("llama"), tmp_path, gate=SupportGate.load(support))
     anyway = experimental.compose(docs, QUERY)
     assert anyway.status == COMPOSED and anyway.report.strategy == "anchors"
+    assert passages.report.conditioning == "prefix"  # the composer's: the entry names none
+    graph = make_composer(tiny_backend("llama"), tmp_path, experimental=False,
+                          gate=SupportGate([{"family": "llama", "workload": "rag",
+                                             "passed": True, "strategy": "boundary",
+                                             "ratio": 0.25, "conditioning": "none"}]))
+    assert graph.compose([A, B], QUERY, prefix=PREFIX).report.conditioning == "none"
+    chosen = graph.compose([A, B], QUERY, prefix=PREFIX, conditioning="prefix")
+    assert chosen.report.conditioning == "prefix"  # the caller's choice wins
 
 
 @pytest.mark.parametrize("case", ["gpt2", "mistral-window"])

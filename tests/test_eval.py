@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from conftest import missing
 
 from codekv.compose import Composer, Passage
+from codekv.conditioning import CONDITIONINGS
 from codekv.eval import command, markdown, methods, peer, pruning, reuse, runner, workloads
 from codekv.eval.methods import Method
 from codekv.eval.results import ROW_KEYS, aggregate, comparisons
@@ -179,9 +180,11 @@ def test_reuse_simulation_counts_every_prefill_token_once(stdlib_index):
 def _row(method, delta=0.0, agreement=1.0, speedup=3.0, tasks=120, recompute=None, fallbacks=0,
          workload="code-qa", drop=0.0):
     """A result row whose intervals are the mean +- 0.02 (ΔNLL) and +- 0.5 (score drop)."""
-    strategy, _, ratio = method.partition("@")
+    rule, _, ratio = method.partition("@")
+    strategy, _, conditioning = rule.partition("+")
     ratio = float(ratio or 0)
-    return {"workload": workload, "method": method, "strategy": strategy, "ratio": ratio,
+    return {"workload": workload, "method": method, "strategy": strategy, "rule": rule,
+            "conditioning": conditioning or "prefix", "ratio": ratio,
             "tasks": tasks, "delta_nll": delta, "delta_nll_ci": [delta - 0.02, delta + 0.02],
             "agreement": agreement, "decisive_agreement": agreement, "speedup": speedup,
             "score_drop": drop, "score_drop_ci": [drop - 0.5, drop + 0.5],
@@ -222,6 +225,7 @@ def test_gate_picks_the_cheapest_passing_strategy():
     [entry] = gate_entries(rows, "llama")
     assert entry["passed"] is True
     assert (entry["strategy"], entry["ratio"], entry["method"]) == ("hybrid", 0.1, "hybrid@0.1")
+    assert entry["conditioning"] == "prefix"
     assert entry["measured"]["delta_nll"] == 0.03
     assert entry["thresholds"]["min_decisive_agreement"] == 0.95
     assert [c["method"] for c in entry["candidates"]] == [
@@ -248,6 +252,9 @@ def test_gate_without_a_passing_strategy_says_why_and_the_gate_refuses(tmp_path)
     assert not gate.verdict("llama", "rag").allowed
     assert not gate.verdict("llama", "code-qa").allowed  # never evaluated: no evidence
     assert not gate.verdict("gemma3", "tool-docs").allowed
+    [graph] = gate_entries([_row("hybrid+graph@0.05")], "llama")
+    assert (graph["method"], graph["strategy"], graph["conditioning"]) == (
+        "hybrid+graph@0.05", "hybrid", "graph")
 
 
 def test_shipped_support_file_is_a_generated_document():
@@ -391,10 +398,12 @@ def test_the_command_reproduces_peers_and_throughput():
 
 def _measure(method, delta, ttft, workload="rag", task="t", status="composed", similarity=80.0,
              decisive=1.0):
-    strategy, _, ratio = method.partition("@")
+    rule, _, ratio = method.partition("@")
+    strategy, _, conditioning = rule.partition("+")
     return Measure(
         workload=workload, task=task, method=method, strategy=strategy,
-        ratio=float(ratio or 0), status=status, nll=1.0 + delta, delta_nll=delta,
+        ratio=float(ratio or 0), conditioning=conditioning or "prefix", status=status,
+        nll=1.0 + delta, delta_nll=delta,
         exact_match=False, kl=0.1, kl_answer=0.2, agreement=0.875, greedy_match=False,
         decisive_agreement=decisive, decisive_positions=0 if decisive is None else 6,
         near_ties=2, answer_exact=similarity == 100, edit_similarity=similarity,
@@ -444,6 +453,27 @@ def test_comparisons_pair_rules_on_the_same_tasks():
     assert query["ratio_of_means"] == pytest.approx(0.4 / 0.9)
     assert ("deviation", "deviation") not in found and ("boundary", "boundary") not in found
     assert found[("deviation", "boundary")]["difference"] == pytest.approx(0.0)
+    # A rule under graph conditioning meets the baselines and itself under the default.
+    measures += [_measure("query+graph@0.15", delta, 1.0, task=task)
+                 for task, delta in zip("abc", (0.05, -0.05, 0.1))]
+    found = {(c["strategy"], c["baseline"]): c for c in comparisons(measures)}
+    assert {b for s, b in found if s == "query+graph"} == {"deviation", "boundary", "query"}
+    assert found[("query+graph", "query")]["difference"] == pytest.approx(-0.2 / 3)
+    assert ("query", "query+graph") not in found
+
+
+def test_conditioning_crosses_every_strategy():
+    from codekv.eval.harness import EvalConfig
+
+    composed = methods.composition_methods(("none", "query@0.15"), (0.1,), ("prefix", "graph"))
+    assert [m.label for m in composed] == ["none", "query@0.15", "none+graph",
+                                           "query+graph@0.15"]
+    assert command._names("graph,none", CONDITIONINGS, "conditionings") == ("graph", "none")
+    with pytest.raises(click.BadParameter, match="unknown conditionings"):
+        command._names("neighbours", CONDITIONINGS, "conditionings")
+    assert "--conditioning" not in command.canonical_command(EvalConfig())
+    assert "--conditioning prefix,graph " in command.canonical_command(
+        EvalConfig(conditioning=("prefix", "graph")))
 
 
 @pytest.mark.model

@@ -105,3 +105,21 @@ def test_the_reordered_reference_is_full_prefill_in_another_order(composer):
     assert reordered.kl > 1e-6  # random weights: the order moves the distribution
     one = workloads.Task("rag", "t1", "quote", CONTEXT[:1], "def push(", "self", "a")
     assert [m.method for m in runner.run_task(composer, one, [runner.Reordered()])] == ["full"]
+
+
+def test_composition_reports_each_conditionings_offline_cost(composer):
+    """Filling the chunk store is timed per conditioning, with the tokens it ran: chunks after
+    the prefix cost the prefix's tokens again per chunk, chunks alone do not, and a chunk
+    already stored costs nothing."""
+    prefix = "System prompt.\n"
+    composition = runner.Composition([Method("none"), Method("none", conditioning="none"),
+                                      Method("boundary", 0.3)])
+    _, after, alone, boundary = runner.run_task(composer, task(), [composition], prefix=prefix)
+    chunks = sum(len(piece.ids) for piece in composer.build_request(CONTEXT).pieces)
+    prefix_tokens = len(composer.backend.tokenize(prefix))
+    assert after.offline_tokens == boundary.offline_tokens == chunks + 3 * prefix_tokens
+    assert alone.offline_tokens == chunks
+    assert after.offline_prefill_s > 0 and alone.offline_prefill_s > 0
+    assert (alone.method, alone.conditioning) == ("none+none", "none")
+    again = runner.run_task(composer, task(), [composition], prefix=prefix)
+    assert [m.offline_tokens for m in again] == [0, 0, 0, 0]

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from codekv.cli_types import StoreParam
+from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES
 from codekv.gate import WORKLOADS
 
@@ -88,8 +89,10 @@ def canonical_command(config) -> str:
     parts += ["--tasks", str(config.tasks), "--seed", str(config.seed),
               "--context-tokens", str(config.context_tokens),
               "--ratios", ",".join(f"{r:g}" for r in config.ratios),
-              "--strategies", ",".join(config.strategies),
-              "--pruning", ",".join(config.pruning) or "none"]
+              "--strategies", ",".join(config.strategies)]
+    if tuple(config.conditioning) != (DEFAULT_CONDITIONING,):
+        parts += ["--conditioning", ",".join(config.conditioning)]
+    parts += ["--pruning", ",".join(config.pruning) or "none"]
     if config.pruning:
         parts += ["--budgets", ",".join(f"{b:g}" for b in config.budgets),
                   "--pruning-tasks", str(config.pruning_tasks)]
@@ -128,6 +131,10 @@ def canonical_command(config) -> str:
 @click.option("--strategies", default=None,
               help="Strategies, comma-separated; NAME@RATIO runs one at that ratio only ["
                    + ",".join(STRATEGIES) + "].")
+@click.option("--conditioning", default=None,
+              help="What chunk KV is computed after, comma-separated; each crosses every "
+                   "strategy [" + DEFAULT_CONDITIONING + "; choose from "
+                   + ",".join(CONDITIONINGS) + "].")
 @click.option("--pruning", default=None,
               help="KV pruning baselines (kvpress), comma-separated, or 'none' ["
                    + ",".join(PRUNING_RULES) + "].")
@@ -169,7 +176,8 @@ def canonical_command(config) -> str:
 @click.option("--store", type=StoreParam(shared=True), default=None,
               help="Chunk KV store to use: a directory, or redis://[user:password@]host:port/db "
                    "or rediss://... (default: a temporary one, removed afterwards).")
-def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, strategies, pruning,
+def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, strategies,
+                 conditioning, pruning,
                  budgets, pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens,
                  model, engine, quick, json_path, write_gate, plots, min_tasks, no_reorder,
                  reuse_tasks, store):
@@ -187,6 +195,7 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
     options = dict(repos=tuple(repos) or None, prefix=prefix,
                    workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
                    ratios=_floats(ratios), strategies=_strategies(strategies),
+                   conditioning=_names(conditioning, CONDITIONINGS, "conditionings"),
                    pruning=_pruning(pruning), budgets=_budgets(budgets),
                    pruning_tasks=pruning_tasks, peers=_peers(peers), peer_tasks=peer_tasks,
                    throughput_tasks=throughput_tasks,

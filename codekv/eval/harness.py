@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval import methods, reuse, runner
 from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
@@ -47,6 +48,7 @@ class EvalConfig:
     seed: int = 0
     strategies: tuple[str, ...] = methods.STRATEGIES
     ratios: tuple[float, ...] = methods.RATIOS
+    conditioning: tuple[str, ...] = (DEFAULT_CONDITIONING,)  # chunk KV computed after what
     context_tokens: int = 2048  # the longest context; each task's is 1/2..1 of it
     max_query_tokens: int = 256
     greedy_tokens: int = 8
@@ -77,7 +79,7 @@ class EvalConfig:
     def as_json(self) -> dict:
         data = asdict(self)
         data["workloads"], data["strategies"] = list(self.workloads), list(self.strategies)
-        data["ratios"] = list(self.ratios)
+        data["ratios"], data["conditioning"] = list(self.ratios), list(self.conditioning)
         data["pruning"], data["budgets"] = list(self.pruning), list(self.budgets)
         data["peers"], data["repos"] = list(self.peers), list(self.repos)
         return data
@@ -217,7 +219,8 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
     says why one cannot)."""
     strategies = _runnable(config.strategies, backend, notes)
     out: list[runner.MethodRunner] = [
-        runner.Composition(methods.composition_methods(strategies, config.ratios))]
+        runner.Composition(methods.composition_methods(strategies, config.ratios,
+                                                       config.conditioning))]
     if config.reorder:
         out.append(runner.Reordered())
     pruned = methods.pruning_methods(config.pruning, config.budgets)

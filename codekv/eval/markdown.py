@@ -36,7 +36,7 @@ def results_tables(data: dict) -> str:
             if r["workload"] != workload or _pruning(r) or _peer(r):
                 continue
             lines.append(_row([
-                r["strategy"] if "strategy" in r and r["strategy"] else r["method"],
+                r.get("rule") or r.get("strategy") or r["method"],
                 f"{r['ratio']:.2f}", r["tasks"], ci(r["delta_nll"], r["delta_nll_ci"], "+.3f"),
                 ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"), f"{r['agreement']:.2f}",
                 _optional(r["decisive_agreement"], ".2f"), r["near_ties"],

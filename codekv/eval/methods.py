@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.selection import STRATEGIES as SELECTION
 
 FULL = "full"  # the reference: full prefill of the same tokens
@@ -79,20 +80,29 @@ PRUNING_RULES = tuple(RULES)
 
 @dataclass(frozen=True)
 class Method:
-    """One row of the evaluation: a strategy, pruning rule or peer variant at one ratio."""
+    """One row of the evaluation: a strategy, pruning rule or peer variant at one ratio;
+    a composition strategy also under one chunk-KV conditioning (``codekv.conditioning``)."""
 
     strategy: str
     ratio: float = 0.0  # composition and peers: share recomputed; pruning: share of KV kept
     kind: str = "composition"  # or "reference", "pruning", "peer"
+    conditioning: str = DEFAULT_CONDITIONING
+
+    @property
+    def rule(self) -> str:
+        """The strategy, with the conditioning when it is not the default (``query+graph``)."""
+        if self.kind == "composition" and self.conditioning != DEFAULT_CONDITIONING:
+            return f"{self.strategy}+{self.conditioning}"
+        return self.strategy
 
     @property
     def label(self) -> str:
         if self.kind == "reference" or (self.kind == "composition"
                                         and SELECTION[self.strategy].ratio_free):
-            return self.strategy
+            return self.rule
         if self.kind == "pruning":
             return f"{self.strategy}@kv{self.ratio:g}"
-        return f"{self.strategy}@{self.ratio:g}"
+        return f"{self.rule}@{self.ratio:g}"
 
 
 REFERENCE = Method(FULL, 1.0, "reference")
@@ -106,18 +116,21 @@ def split_entry(entry: str) -> tuple[str, float | None]:
     return name, float(ratio) if at else None
 
 
-def composition_methods(strategies=STRATEGIES, ratios=RATIOS) -> list[Method]:
+def composition_methods(strategies=STRATEGIES, ratios=RATIOS,
+                        conditionings=(DEFAULT_CONDITIONING,)) -> list[Method]:
     """Each strategy at each ratio where the ratio means something (none: only at 0); an
-    entry ``NAME@RATIO`` at that ratio only, so an evidence run can skip a grid's corners."""
+    entry ``NAME@RATIO`` at that ratio only, so an evidence run can skip a grid's corners.
+    Each under every conditioning, the default's methods first."""
     out = []
-    for entry in strategies:
-        name, fixed = split_entry(entry)
-        if SELECTION[name].ratio_free:
-            out.append(Method(name, 0.0))
-        elif fixed is not None:
-            out.append(Method(name, fixed))
-        else:
-            out.extend(Method(name, r) for r in ratios if r > 0)
+    for conditioning in conditionings:
+        for entry in strategies:
+            name, fixed = split_entry(entry)
+            if SELECTION[name].ratio_free:
+                out.append(Method(name, 0.0, conditioning=conditioning))
+            elif fixed is not None:
+                out.append(Method(name, fixed, conditioning=conditioning))
+            else:
+                out.extend(Method(name, r, conditioning=conditioning) for r in ratios if r > 0)
     return list(dict.fromkeys(out))
 
 

@@ -153,9 +153,9 @@ def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[
     fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7), squeeze=False)
     for column, workload in enumerate(workloads):
         mine = [r for r in rows if r["workload"] == workload and r["strategy"] != "full"]
-        for strategy in dict.fromkeys(r["strategy"] for r in mine):
+        for strategy in dict.fromkeys(r["rule"] for r in mine):
             points = sorted((r["ratio"], r["abs_delta_nll"], r["agreement"])
-                            for r in mine if r["strategy"] == strategy)
+                            for r in mine if r["rule"] == strategy)
             if strategy in ("none", "none-norope"):  # no ratio: a level to beat
                 axes[0][column].axhline(points[0][1], linestyle="--", label=strategy,
                                         color="grey" if strategy == "none" else "silver")

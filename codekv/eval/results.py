@@ -6,17 +6,20 @@ from __future__ import annotations
 import math
 from statistics import fmean, median, stdev
 
+from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval.stats import bootstrap_ci, paired_difference
 
 # The keys every result row has (the JSON schema of ``results``), in table order.
 ROW_KEYS = (
-    "workload", "method", "strategy", "ratio", "tasks", "delta_nll", "delta_nll_ci",
+    "workload", "method", "strategy", "rule", "conditioning", "ratio", "tasks", "delta_nll",
+    "delta_nll_ci",
     "abs_delta_nll", "abs_delta_nll_ci", "delta_nll_se", "nll", "agreement", "agreement_ci",
     "decisive_agreement", "decisive_agreement_ci", "decisive_positions", "near_ties",
     "greedy_match", "exact_match", "answer_exact", "edit_similarity", "edit_similarity_ci",
     "identifier_f1", "score_drop", "score_drop_ci", "kl", "kl_ci", "kl_answer",
     "ttft_s", "full_ttft_s", "speedup", "recompute_ratio", "context_tokens", "store_load_s",
-    "fallbacks", "kind", "budget", "kv_kept", "kv_bytes", "full_kv_bytes",
+    "offline_prefill_s", "offline_tokens", "fallbacks", "kind", "budget", "kv_kept", "kv_bytes",
+    "full_kv_bytes",
 )
 # Rules are compared with these baselines, at the same ratio, on the same tasks.
 BASELINES = ("deviation", "boundary")
@@ -61,6 +64,8 @@ def aggregate(measures) -> list[dict]:
             "workload": workload,
             "method": method,
             "strategy": group[0].strategy,
+            "rule": _rule(group[0]),
+            "conditioning": group[0].conditioning,
             "ratio": group[0].ratio,
             "tasks": len(group),
             "delta_nll": delta_nll,
@@ -92,6 +97,8 @@ def aggregate(measures) -> list[dict]:
             "recompute_ratio": fmean(m.recompute_ratio for m in group),
             "context_tokens": fmean(m.context_tokens for m in group),
             "store_load_s": fmean(m.store_load_s for m in group),
+            "offline_prefill_s": fmean(m.offline_prefill_s for m in group),
+            "offline_tokens": fmean(m.offline_tokens for m in group),
             "fallbacks": sum(1 for m in group
                              if m.status == "full-prefill" and m.kind == "composition"),
             "kind": group[0].kind,
@@ -103,17 +110,30 @@ def aggregate(measures) -> list[dict]:
     return rows
 
 
+def _rule(m) -> str:
+    """The strategy, with its conditioning when not the default (``query+graph``)."""
+    if m.kind == "composition" and m.conditioning != DEFAULT_CONDITIONING:
+        return f"{m.strategy}+{m.conditioning}"
+    return m.strategy
+
+
 def comparisons(measures, baselines: tuple[str, ...] = BASELINES) -> list[dict]:
-    """Each composition rule against each baseline rule at the same ratio, on the tasks both
-    ran: the paired difference of mean |ΔNLL| (negative: the rule is closer to full prefill)
-    with its interval, and the ratio of the two means (the issue's "at most half")."""
+    """Each composition rule against each baseline rule at the same ratio (under the default
+    conditioning), and each rule under another conditioning against itself under the default,
+    on the tasks both ran: the paired difference of mean |ΔNLL| (negative: the rule is closer
+    to full prefill) with its interval, and the ratio of the two means (the issue's "at most
+    half")."""
     by_method: dict[tuple[str, str, float], dict[str, float]] = {}
     for m in measures:
         if m.kind == "composition":
-            by_method.setdefault((m.workload, m.strategy, m.ratio), {})[m.task] = abs(m.delta_nll)
+            by_method.setdefault((m.workload, _rule(m), m.ratio), {})[m.task] = abs(m.delta_nll)
+    strategy_of = {_rule(m): m.strategy for m in measures if m.kind == "composition"}
     out = []
     for (workload, strategy, ratio), rule in by_method.items():
-        for baseline in baselines:
+        against = list(baselines)
+        if strategy_of[strategy] != strategy:
+            against.append(strategy_of[strategy])
+        for baseline in against:
             base = by_method.get((workload, baseline, ratio))
             if baseline == strategy or not base:
                 continue

@@ -37,6 +37,7 @@ from typing import Protocol
 import torch
 
 from codekv.compose import Composer
+from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval.methods import FULL_REORDERED, REFERENCE, Method
 from codekv.eval.scores import score
 from codekv.eval.workloads import Task
@@ -68,21 +69,29 @@ class MethodRunner(Protocol):
 
 @dataclass
 class Composition:
-    """codekv's strategies. The chunk store is filled first (untimed), so every composed TTFT
-    is cache-warm and includes reading the store."""
+    """codekv's strategies. The chunk store is filled first, per conditioning, so every
+    composed TTFT is cache-warm and includes reading the store; filling it is the offline
+    cost (``offline``: seconds and tokens through the model for the task, by conditioning)."""
 
     methods: list[Method]
     tasks: int | None = None
+    offline: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def count(self, workload: str) -> int:
         return len(self.methods)
 
     def results(self, composer: Composer, task: Task, prefix: str | None = None
                 ) -> Iterator[tuple[Method, object]]:
-        composer.prefill(task.context, prefix)
+        self.offline = {}
+        for conditioning in dict.fromkeys(m.conditioning for m in self.methods):
+            tokens, started = composer.counters.chunk_prefill_tokens, time.perf_counter()
+            composer.prefill(task.context, prefix, conditioning)
+            self.offline[conditioning] = (time.perf_counter() - started,
+                                          composer.counters.chunk_prefill_tokens - tokens)
         for method in self.methods:
             yield method, composer.compose(task.context, task.query, prefix,
-                                           strategy=method.strategy, ratio=method.ratio)
+                                           strategy=method.strategy, ratio=method.ratio,
+                                           conditioning=method.conditioning)
 
 
 @dataclass
@@ -143,6 +152,9 @@ class Measure:
     recomputed_tokens: int
     recompute_ratio: float
     store_load_s: float = 0.0
+    conditioning: str = DEFAULT_CONDITIONING  # what the chunk KV was computed after
+    offline_prefill_s: float = 0.0  # filling the chunk store for this task (cold chunks only)
+    offline_tokens: int = 0  # tokens that took through the model (chunks + their conditioning)
     fallback_reason: str | None = None
     kind: str = "composition"  # "reference" (full prefill), "composition", "pruning", "peer"
     budget: float | None = None  # pruning: the share of context KV kept
@@ -234,7 +246,10 @@ def run_task(composer: Composer, task: Task, runners: list[MethodRunner],
     measures = [scored(REFERENCE, full)]
     for runner in runners:
         for method, result in runner.results(composer, task, prefix):
-            measures.append(scored(method, result))
+            measure = scored(method, result)
+            measure.offline_prefill_s, measure.offline_tokens = getattr(
+                runner, "offline", {}).get(method.conditioning, (0.0, 0))
+            measures.append(measure)
             if on_method is not None:
                 on_method()
     return measures
@@ -280,7 +295,8 @@ def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Me
     report = result.report
     return Measure(
         workload=task.workload, task=task.id, method=method.label, strategy=method.strategy,
-        ratio=method.ratio, status=result.status, nll=nll, delta_nll=nll - ref.nll,
+        ratio=method.ratio, conditioning=method.conditioning, status=result.status, nll=nll,
+        delta_nll=nll - ref.nll,
         exact_match=bool((logp.argmax(-1) == torch.tensor(ref.answer_ids)).all()),
         kl=float(kl[0]), kl_answer=float(kl.mean()),
         agreement=float(agree.float().mean()), greedy_match=bool(agree.all()),

@@ -82,7 +82,8 @@ def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresho
         if passing:
             best = min(passing, key=lambda r: (r["recompute_ratio"], r["ratio"], -r["speedup"]))
             entry.update(passed=True, strategy=best["strategy"], ratio=best["ratio"],
-                         method=best["method"], measured=_measured(best),
+                         conditioning=best["conditioning"], method=best["method"],
+                         measured=_measured(best),
                          reason=f"{best['method']} meets every threshold")
         elif judged:
             closest, why = min(judged, key=lambda j: (len(j[1]), _high(j[0]["delta_nll_ci"])))
