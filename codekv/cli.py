@@ -16,6 +16,7 @@ from rich.table import Table
 from codekv import paths
 from codekv.chunks import DEFAULT_BUDGET
 from codekv.cli_types import StoreParam
+from codekv.conditioning import CONDITIONINGS
 from codekv.gitrepo import MissingBlobError, NotARepositoryError
 from codekv.selection import STRATEGIES
 from codekv.storage import CorruptIndexError
@@ -249,6 +250,15 @@ def gc(repo, store, budget):
     console.print(f"removed {removed} unreachable blob entries and {kv_removed} chunk KV files")
 
 
+def _conditioning_option(function):
+    return click.option(
+        "--conditioning", default=None, type=click.Choice(CONDITIONINGS),
+        help="What each chunk's KV is computed after: nothing, the prefix, or the prefix and "
+             "the definitions the chunk uses (graph) [prefix; compose with auto: what the "
+             "support file's rule was measured with].",
+    )(function)
+
+
 def _backend_option(function):
     return click.option(
         "--backend", "engine", default="transformers", show_default=True,
@@ -295,15 +305,17 @@ def _composer(repo, store, model, experimental, engine="transformers"):
 @click.option("--check", is_flag=True, help="Also run full prefill and compare.")
 @click.option("--experimental", is_flag=True, help="Compose even where the gate has no evidence.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_conditioning_option
 @_backend_option
 @_kv_store_option
 def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model, check,
-            experimental, as_json, engine, store):
+            experimental, as_json, conditioning, engine, store):
     """Answer QUERY over cached chunks composed in the given order."""
     with _composer(repo, store, model, experimental, engine) as (_, composer):
         try:
             result = composer.compose(list(chunks), query, prefix=prefix, strategy=strategy,
-                                      ratio=ratio, max_new_tokens=max_new_tokens)
+                                      ratio=ratio, max_new_tokens=max_new_tokens,
+                                      conditioning=conditioning)
         except (KeyError, ValueError) as error:
             raise click.ClickException(str(error).strip("'\"")) from error
         answer = result.generate(max_new_tokens)
@@ -366,9 +378,13 @@ def _kl(reference_logits, logits) -> float:
 @click.argument("repo", required=False, default=".")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
 @click.option("--limit", type=int, default=None, help="At most this many chunks.")
+@click.option("--prefix", default=None,
+              help="The system prompt requests will put before the chunks (their KV is "
+                   "computed after it).")
+@_conditioning_option
 @_backend_option
 @_kv_store_option
-def prefill(repo, model, limit, engine, store):
+def prefill(repo, model, limit, prefix, conditioning, engine, store):
     """Fill the chunk KV store for a repository's chunks."""
     from rich.progress import Progress
 
@@ -379,7 +395,7 @@ def prefill(repo, model, limit, engine, store):
             task = progress.add_task("Prefilling chunks", total=len(chunks))
             for chunk in chunks:
                 try:
-                    made, had = composer.prefill([chunk])
+                    made, had = composer.prefill([chunk], prefix, conditioning)
                 except ValueError:  # longer than the model's positions: no request fits it
                     too_long += 1
                     made = had = 0

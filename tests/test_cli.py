@@ -455,3 +455,30 @@ def test_compose_json_is_strict(repo, store, tiny_backend, monkeypatch):
     assert cli_module._finite({"a": [1.0, float("nan")], "b": float("-inf"), "c": "x"}) == {
         "a": [1.0, None], "b": None, "c": "x"
     }
+
+
+def test_prefill_and_compose_share_a_conditioning(repo, store, tiny_backend, monkeypatch):
+    """``prefill --prefix P --conditioning graph`` stores what ``compose`` with the same
+    options reads; another conditioning is another entry for a chunk that uses something."""
+    _compose_backend(monkeypatch, tiny_backend("llama"))
+    options = ["--store", store, "--prefix", "You answer questions.\n"]
+    for computed, cached in ((3, 0), (0, 3)):  # run, helper and app.py's import line
+        result = cli("prefill", repo.root, *options, "--conditioning", "graph")
+        assert result.exit_code == 0, result.output
+        assert f"computed {computed}, already cached {cached};" in " ".join(result.output.split())
+
+    def compose(conditioning):
+        result = cli("compose", repo.root, *options, "--conditioning", conditioning,
+                     "--chunk", "util.py::helper", "--chunk", "app.py::run", "--query", "what?",
+                     "--experimental", "--strategy", "none", "--max-new-tokens", 1, "--json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["report"]
+
+    graph = compose("graph")
+    assert (graph["conditioning"], graph["store_hits"], graph["store_misses"]) == ("graph", 2, 0)
+    prefix = compose("prefix")  # run uses helper: after the prefix alone it is a new entry
+    assert (prefix["conditioning"], prefix["store_hits"], prefix["store_misses"]) == (
+        "prefix", 1, 1)
+    result = cli("compose", repo.root, "--store", store, "--conditioning", "neighbours",
+                 "--chunk", "app.py::run", "--query", "q")
+    assert result.exit_code == 2 and "neighbours" in result.output
