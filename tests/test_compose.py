@@ -15,6 +15,7 @@ import torch
 from conftest import TINY_FAMILIES
 
 from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL, Composer, Passage, default_scope
+from codekv.conditioning import CONDITIONINGS
 from codekv.gate import SupportGate
 from codekv.index import Index
 from codekv.kvstore import LocalKVStore
@@ -470,6 +471,16 @@ def test_graph_conditioning_computes_a_chunk_after_what_it_uses(tiny_backend, gi
     for order in (chunks, chunks[::-1]):  # and `all` stays exact in any order
         assert_exact(composer.compose(order, query, prefix=PREFIX, strategy="all"),
                      composer.full_prefill(order, query, prefix=PREFIX))
+
+
+@pytest.mark.parametrize("conditioning", CONDITIONINGS)
+def test_all_is_exact_under_every_conditioning(tiny_backend, git_repo, tmp_path, conditioning):
+    composer = graph_composer(tiny_backend("llama"), git_repo, tmp_path, conditioning)
+    for prefix in (PREFIX, None):
+        chunks = ["b.py::gamma", A, "a.py::alpha"]
+        result = composer.compose(chunks, QUERY, prefix=prefix, strategy="all")
+        assert result.report.conditioning == conditioning
+        assert_exact(result, composer.full_prefill(chunks, QUERY, prefix=prefix))
 
 
 def test_graph_conditioning_is_keyed_by_the_neighbours(tiny_backend, git_repo, tmp_path):
