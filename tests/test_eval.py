@@ -574,3 +574,25 @@ def test_baselines_without_a_system_prompt_are_skipped_with_one(tiny_backend):
     kinds = _runners(EvalConfig(pruning=("snapkv",), peers=()), tiny_backend("llama"), [], notes)
     assert [type(r).__name__ for r in kinds] == ["Composition", "Reordered"]
     assert "--prefix none" in notes[0]
+
+
+def test_markdown_splits_code_qa_by_repository_and_shows_conditioning_costs():
+    measures = [_measure(method, delta, 1.0, workload="code-qa", task=task)
+                for method, deltas in (("full", (0, 0, 0, 0)),
+                                       ("query@0.15", (0.1, -0.1, 0.4, 0.2)),
+                                       ("query+graph@0.15", (0.0, 0.1, 0.2, 0.2)))
+                for task, delta in zip("abcd", deltas)]
+    for m in measures:
+        m.offline_prefill_s, m.offline_tokens = (2.0, 900) if "graph" in m.method else (1.0, 500)
+    tasks = [{"id": task, "repo": "stdlib" if task in "ab" else "package:rich"} for task in "abcd"]
+    data = {"results": aggregate(measures), "tasks": tasks,
+            "measures": [m.as_json() for m in measures]}
+    by_repo = markdown.repository_tables(data)
+    assert "| stdlib | query@0.15 | 2 | +0.000 [-0.100, +0.100] | 0.100 [0.100, 0.100] |" in by_repo
+    assert "| package:rich | query+graph@0.15 | 2 | +0.200 [+0.200, +0.200] |" in by_repo
+    assert "| code-qa | query+graph@0.15 | graph |" in markdown.conditioning_table(data)
+    assert "| 2.00 | 900 |" in markdown.conditioning_table(data)
+    one_repo = dict(data, tasks=[dict(t, repo="stdlib") for t in tasks])
+    assert markdown.repository_tables(one_repo) == ""
+    prefix_only = [r for r in data["results"] if r["conditioning"] == "prefix"]
+    assert markdown.conditioning_table(dict(data, results=prefix_only)) == ""

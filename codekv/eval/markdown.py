@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
+from statistics import fmean
 
 from codekv.eval.report import ci
+from codekv.eval.stats import bootstrap_ci
 
 
 def _row(cells) -> str:
@@ -61,6 +63,49 @@ def comparison_tables(data: dict) -> str:
                            ci(c["difference"], c["difference_ci"], "+.3f"),
                            _optional(c["ratio_of_means"], ".2f")]))
     return "\n".join(lines) + "\n"
+
+
+def repository_tables(data: dict) -> str:
+    """Code-QA per repository it was drawn from (the one rules were developed on, and one
+    they were not): each method's mean ΔNLL and |ΔNLL| with intervals there."""
+    repo_of = {t["id"]: t.get("repo") for t in data.get("tasks", []) if t.get("repo")}
+    if len(set(repo_of.values())) < 2:
+        return ""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for m in data.get("measures", []):
+        if m["task"] in repo_of and m["kind"] in ("composition", "reference"):
+            groups.setdefault((repo_of[m["task"]], m["method"]), []).append(m["delta_nll"])
+    lines = [_row(["repository", "method", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]"]),
+             _row(["---"] * 5)]
+    for (repo, method), deltas in groups.items():
+        if method == "full":
+            continue
+        absolute = [abs(d) for d in deltas]
+        lines.append(_row([repo, method, len(deltas),
+                           ci(fmean(deltas), _interval(deltas), "+.3f"),
+                           ci(fmean(absolute), _interval(absolute), ".3f")]))
+    return "\n".join(lines) + "\n"
+
+
+def conditioning_table(data: dict) -> str:
+    """What each conditioning costs offline (filling the chunk store) against what it buys;
+    empty unless the run crossed several conditionings."""
+    rows = [r for r in data["results"] if r.get("kind") == "composition"]
+    if len({r.get("conditioning") for r in rows}) < 2:
+        return ""
+    lines = [_row(["workload", "method", "conditioning", "\\|ΔNLL\\| [95% CI]", "KL",
+                   "offline prefill s/task", "offline tokens/task"]), _row(["---"] * 7)]
+    for r in sorted(rows, key=lambda r: (r["workload"], r["strategy"], r["ratio"])):
+        lines.append(_row([r["workload"], r["method"], r["conditioning"],
+                           ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"),
+                           f"{r['kl']:.3f}", f"{r['offline_prefill_s']:.2f}",
+                           f"{r['offline_tokens']:.0f}"]))
+    return "\n".join(lines) + "\n"
+
+
+def _interval(values: list[float]):
+    interval = bootstrap_ci(values)
+    return list(interval) if interval else None
 
 
 def _optional(value, fmt: str) -> str:
@@ -148,6 +193,10 @@ def main(argv: list[str]) -> int:
     compared = comparison_tables(data)
     if compared:
         print(f"### Rules against baselines at the same ratio\n\n{compared}")
+    for title, table in (("Code QA per repository", repository_tables(data)),
+                         ("Conditioning: offline cost and quality", conditioning_table(data))):
+        if table:
+            print(f"### {title}\n\n{table}")
     pruning = pruning_tables(data)
     if pruning:
         print(pruning)
