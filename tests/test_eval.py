@@ -460,6 +460,9 @@ def test_comparisons_pair_rules_on_the_same_tasks():
     assert {b for s, b in found if s == "query+graph"} == {"deviation", "boundary", "query"}
     assert found[("query+graph", "query")]["difference"] == pytest.approx(-0.2 / 3)
     assert ("query", "query+graph") not in found
+    measures += [_measure("deviation+graph@0.15", 0.1, 1.0, task=task) for task in "abc"]
+    pairs = [(c["strategy"], c["baseline"]) for c in comparisons(measures)]
+    assert pairs.count(("deviation+graph", "deviation")) == 1
 
 
 def test_conditioning_crosses_every_strategy():

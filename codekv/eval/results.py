@@ -133,7 +133,7 @@ def comparisons(measures, baselines: tuple[str, ...] = BASELINES) -> list[dict]:
         against = list(baselines)
         if strategy_of[strategy] != strategy:
             against.append(strategy_of[strategy])
-        for baseline in against:
+        for baseline in dict.fromkeys(against):  # deviation+graph meets deviation once
             base = by_method.get((workload, baseline, ratio))
             if baseline == strategy or not base:
                 continue
