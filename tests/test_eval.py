@@ -599,3 +599,17 @@ def test_markdown_splits_code_qa_by_repository_and_shows_conditioning_costs():
     assert markdown.repository_tables(one_repo) == ""
     prefix_only = [r for r in data["results"] if r["conditioning"] == "prefix"]
     assert markdown.conditioning_table(dict(data, results=prefix_only)) == ""
+
+
+def test_markdown_reads_an_unfinished_runs_checkpoint(tmp_path):
+    from codekv.eval.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(tmp_path / "run.jsonl", {"tasks": 100})
+    for task, delta in (("stdlib/code-qa-0-0", 0.1), ("rich/code-qa-0-1", -0.3)):
+        checkpoint.add(task, [_measure("full", 0.0, 4.0, "code-qa", task),
+                              _measure("query@0.15", delta, 1.0, "code-qa", task)])
+    data = markdown.from_checkpoint(str(tmp_path / "run.jsonl"))
+    assert data["command"].startswith("the 2 finished tasks of a checkpoint")
+    [query] = [r for r in data["results"] if r["method"] == "query@0.15"]
+    assert query["tasks"] == 2 and query["delta_nll"] == pytest.approx(-0.1)
+    assert "| rich | query@0.15 | 1 | -0.300 |" in markdown.repository_tables(data)

@@ -1,6 +1,8 @@
 """Render an evaluation's JSON (``codekv eval --json``) as the Markdown tables of docs/results.md.
 
-Usage: ``python -m codekv.eval.markdown results.json > docs/results.md.tables``
+Usage: ``python -m codekv.eval.markdown results.json > docs/results.md.tables``, or
+``python -m codekv.eval.markdown --checkpoint run.jsonl`` for the tasks an unfinished run's
+checkpoint holds so far (result rows and comparisons; no gate verdicts).
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def repository_tables(data: dict) -> str:
     """Code-QA per repository it was drawn from (the one rules were developed on, and one
     they were not): each method's mean ΔNLL and |ΔNLL| with intervals there."""
     repo_of = {t["id"]: t.get("repo") for t in data.get("tasks", []) if t.get("repo")}
+    if not data.get("tasks"):  # a checkpoint: code-qa task ids start with their repository
+        repo_of = {m["task"]: m["task"].split("/")[0] for m in data.get("measures", [])
+                   if "/" in m["task"]}
     if len(set(repo_of.values())) < 2:
         return ""
     groups: dict[tuple[str, str], list[float]] = {}
@@ -184,8 +189,24 @@ def gate_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def from_checkpoint(path: str) -> dict:
+    """An unfinished run's finished tasks, shaped like ``codekv eval --json`` output."""
+    from codekv.eval.checkpoint import measure
+    from codekv.eval.results import aggregate, comparisons
+
+    header, *tasks = [json.loads(line) for line in open(path).read().splitlines() if line]
+    measures = [measure(m) for task in tasks for m in task["measures"]]
+    return {"command": f"the {len(tasks)} finished tasks of a checkpoint of a run with "
+                       f"configuration {json.dumps(header['config'], sort_keys=True)}",
+            "results": aggregate(measures), "comparisons": comparisons(measures),
+            "measures": [m.as_json() for m in measures], "gate": []}
+
+
 def main(argv: list[str]) -> int:
-    data = json.loads(open(argv[1]).read())
+    if argv[1] == "--checkpoint":
+        data = from_checkpoint(argv[2])
+    else:
+        data = json.loads(open(argv[1]).read())
     print(f"Command: `{data['command']}`\n")
     print(gate_table(data))
     print()
