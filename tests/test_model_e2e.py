@@ -101,3 +101,30 @@ def test_cli_compose_without_evidence_falls_back(stdlib_repo, default_backend, t
     output = json.loads(result.output.strip().splitlines()[-1])
     assert output["status"] == "full-prefill"
     assert output["report"]["fallback_reason"].startswith("unsupported")
+
+
+def test_the_shipped_support_file_decides_what_composes(stdlib_repo, default_backend, tmp_path):
+    """With the support file codekv ships (from the documented evidence run) and no options,
+    each workload composes with the rule its entry passed, or falls back to full prefill."""
+    from codekv.compose import FULL_PREFILL, Passage
+    from codekv.gate import SupportGate
+    from codekv.kvstore import LocalKVStore
+
+    gate = SupportGate.load()
+    assert gate.source == "codekv/data/support.json"
+    index = Index(stdlib_repo.root)
+    index.update()
+    composer = Composer(default_backend, index, store=LocalKVStore(tmp_path / "kv"), gate=gate)
+    text = (stdlib_dir() / "shlex.py").read_text()[:400]
+    requests = {"code-qa": CHUNKS[:2], "rag": [Passage(text, "shlex")],
+                "tool-docs": [Passage(text, "shlex", kind="tool-doc")]}
+    for workload, chunks in requests.items():
+        verdict = gate.verdict("llama", workload)
+        result = composer.compose(chunks, QUERY)
+        if verdict.allowed:
+            assert result.status == COMPOSED, (workload, result.report.fallback_reason)
+            report = result.report
+            assert (report.strategy, report.ratio) == (verdict.strategy, verdict.ratio)
+        else:
+            assert result.status == FULL_PREFILL
+            assert result.report.fallback_reason.startswith("unsupported"), workload
