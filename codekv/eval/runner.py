@@ -154,7 +154,7 @@ class Measure:
     store_load_s: float = 0.0
     conditioning: str = DEFAULT_CONDITIONING  # what the chunk KV was computed after
     offline_prefill_s: float = 0.0  # filling the chunk store for this task (cold chunks only)
-    offline_tokens: int = 0  # tokens that took through the model (chunks + their conditioning)
+    offline_tokens: int = 0  # tokens run through the model for it (chunks + their conditioning)
     fallback_reason: str | None = None
     kind: str = "composition"  # "reference" (full prefill), "composition", "pruning", "peer"
     budget: float | None = None  # pruning: the share of context KV kept
