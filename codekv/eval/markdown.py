@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
-from statistics import fmean
 
 from codekv.eval.report import ci
-from codekv.eval.stats import bootstrap_ci
+from codekv.eval.results import mean_ci
 
 
 def _row(cells) -> str:
@@ -70,8 +69,9 @@ def comparison_tables(data: dict) -> str:
 def repository_tables(data: dict) -> str:
     """Code-QA per repository it was drawn from (the one rules were developed on, and one
     they were not): each method's mean ΔNLL and |ΔNLL| with intervals there."""
-    repo_of = {t["id"]: t.get("repo") for t in data.get("tasks", []) if t.get("repo")}
-    if not data.get("tasks"):  # a checkpoint: code-qa task ids start with their repository
+    if data.get("tasks"):
+        repo_of = {t["id"]: t["repo"] for t in data["tasks"] if t.get("repo")}
+    else:  # a checkpoint: code-qa task ids start with their repository
         repo_of = {m["task"]: m["task"].split("/")[0] for m in data.get("measures", [])
                    if "/" in m["task"]}
     if len(set(repo_of.values())) < 2:
@@ -85,10 +85,8 @@ def repository_tables(data: dict) -> str:
     for (repo, method), deltas in groups.items():
         if method == "full":
             continue
-        absolute = [abs(d) for d in deltas]
-        lines.append(_row([repo, method, len(deltas),
-                           ci(fmean(deltas), _interval(deltas), "+.3f"),
-                           ci(fmean(absolute), _interval(absolute), ".3f")]))
+        lines.append(_row([repo, method, len(deltas), ci(*mean_ci(deltas), "+.3f"),
+                           ci(*mean_ci([abs(d) for d in deltas]), ".3f")]))
     return "\n".join(lines) + "\n"
 
 
@@ -106,11 +104,6 @@ def conditioning_table(data: dict) -> str:
                            f"{r['kl']:.3f}", f"{r['offline_prefill_s']:.2f}",
                            f"{r['offline_tokens']:.0f}"]))
     return "\n".join(lines) + "\n"
-
-
-def _interval(values: list[float]):
-    interval = bootstrap_ci(values)
-    return list(interval) if interval else None
 
 
 def _optional(value, fmt: str) -> str:

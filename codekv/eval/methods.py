@@ -78,6 +78,13 @@ RULES = {rule.name: rule for rule in (
 PRUNING_RULES = tuple(RULES)
 
 
+def rule_name(strategy: str, conditioning: str, kind: str = "composition") -> str:
+    """The strategy, with the conditioning when it is not the default (``query+graph``)."""
+    if kind == "composition" and conditioning != DEFAULT_CONDITIONING:
+        return f"{strategy}+{conditioning}"
+    return strategy
+
+
 @dataclass(frozen=True)
 class Method:
     """One row of the evaluation: a strategy, pruning rule or peer variant at one ratio;
@@ -90,10 +97,7 @@ class Method:
 
     @property
     def rule(self) -> str:
-        """The strategy, with the conditioning when it is not the default (``query+graph``)."""
-        if self.kind == "composition" and self.conditioning != DEFAULT_CONDITIONING:
-            return f"{self.strategy}+{self.conditioning}"
-        return self.strategy
+        return rule_name(self.strategy, self.conditioning, self.kind)
 
     @property
     def label(self) -> str:

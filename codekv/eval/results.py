@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from statistics import fmean, median, stdev
 
-from codekv.conditioning import DEFAULT_CONDITIONING
+from codekv.eval.methods import rule_name
 from codekv.eval.stats import bootstrap_ci, paired_difference
 
 # The keys every result row has (the JSON schema of ``results``), in table order.
@@ -25,7 +25,7 @@ ROW_KEYS = (
 BASELINES = ("deviation", "boundary")
 
 
-def _mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
+def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
     if not values:
         return None, None
     interval = bootstrap_ci(values)
@@ -53,13 +53,13 @@ def aggregate(measures) -> list[dict]:
         decisive = [m.decisive_agreement for m in group if m.decisive_agreement is not None]
         drops = [full[(m.workload, m.task)].edit_similarity - m.edit_similarity
                  for m in group if (m.workload, m.task) in full]
-        delta_nll, delta_nll_ci = _mean_ci(deltas)
-        abs_delta, abs_delta_ci = _mean_ci([abs(d) for d in deltas])
-        agreement, agreement_ci = _mean_ci([m.agreement for m in group])
-        decisive_agreement, decisive_ci = _mean_ci(decisive)
-        similarity, similarity_ci = _mean_ci([m.edit_similarity for m in group])
-        score_drop, score_drop_ci = _mean_ci(drops)
-        kl, kl_ci = _mean_ci([m.kl for m in group])
+        delta_nll, delta_nll_ci = mean_ci(deltas)
+        abs_delta, abs_delta_ci = mean_ci([abs(d) for d in deltas])
+        agreement, agreement_ci = mean_ci([m.agreement for m in group])
+        decisive_agreement, decisive_ci = mean_ci(decisive)
+        similarity, similarity_ci = mean_ci([m.edit_similarity for m in group])
+        score_drop, score_drop_ci = mean_ci(drops)
+        kl, kl_ci = mean_ci([m.kl for m in group])
         rows.append({
             "workload": workload,
             "method": method,
@@ -111,10 +111,7 @@ def aggregate(measures) -> list[dict]:
 
 
 def _rule(m) -> str:
-    """The strategy, with its conditioning when not the default (``query+graph``)."""
-    if m.kind == "composition" and m.conditioning != DEFAULT_CONDITIONING:
-        return f"{m.strategy}+{m.conditioning}"
-    return m.strategy
+    return rule_name(m.strategy, m.conditioning, m.kind)
 
 
 def comparisons(measures, baselines: tuple[str, ...] = BASELINES) -> list[dict]:
