@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import missing
 
+from codekv.cli import main
 from codekv.compose import Composer, Passage
 from codekv.conditioning import CONDITIONINGS
 from codekv.eval import command, markdown, methods, peer, pruning, reuse, runner, workloads
@@ -19,9 +20,11 @@ from codekv.eval.methods import Method
 from codekv.eval.results import ROW_KEYS, aggregate, comparisons
 from codekv.eval.runner import Measure
 from codekv.eval.support import (
+    SupportFileError,
     Thresholds,
     failures,
     gate_entries,
+    read_support_document,
     support_document,
     write_json,
 )
@@ -257,6 +260,44 @@ def test_gate_without_a_passing_strategy_says_why_and_the_gate_refuses(tmp_path)
         "hybrid+graph@0.05", "hybrid", "graph")
 
 
+def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path):
+    """Workloads evaluated by separate runs share one support file; each entry names its own
+    command, a re-evaluated pair is replaced, and another model's entries are never mixed in."""
+    model = {"family": "llama", "fingerprint": "m1"}
+    code, rag = gate_entries([_row("hybrid@0.15", delta=0.01, workload="code-qa"),
+                              _row("none", delta=0.3, workload="rag")], "llama")
+    path = tmp_path / "support.json"
+    write_json(path, support_document([code, rag], "codekv eval --workload code-qa --workload "
+                                      "rag", model, {}))
+    [rag_again] = gate_entries([_row("hybrid@0.15", delta=0.01, workload="rag")], "llama")
+    merged = support_document([rag_again], "codekv eval --workload rag", model, {},
+                              read_support_document(path))
+    by_workload = {entry["workload"]: entry for entry in merged["entries"]}
+    assert set(by_workload) == {"code-qa", "rag"} and len(merged["entries"]) == 2
+    assert by_workload["code-qa"]["generated_by"].endswith("--workload rag")
+    assert by_workload["code-qa"]["generated_by"].startswith("codekv eval --workload code-qa")
+    assert by_workload["rag"]["generated_by"] == "codekv eval --workload rag"
+    assert by_workload["rag"]["passed"] is True  # the new run's verdict, not the old one
+    write_json(path, merged)
+    assert SupportGate.load(path).verdict("llama", "code-qa").allowed
+    other = support_document([rag_again], "codekv eval", {"family": "llama",
+                                                          "fingerprint": "m2"}, {},
+                             read_support_document(path))
+    assert [entry["workload"] for entry in other["entries"]] == ["rag"]
+
+
+def test_write_gate_refuses_to_replace_a_file_that_is_not_a_support_file(tmp_path):
+    assert read_support_document(tmp_path / "absent.json") is None
+    notes = tmp_path / "notes.json"
+    for text in ("not json", '{"entries": "x"}', "[]"):
+        notes.write_text(text)
+        with pytest.raises(SupportFileError, match="move it away"):
+            read_support_document(notes)
+    result = CliRunner().invoke(main, ["eval", "--quick", "--write-gate", str(notes)])
+    assert result.exit_code != 0 and "not a codekv support file" in result.output
+    assert notes.read_text() == "[]"  # untouched, and refused before any model loads
+
+
 def test_shipped_support_file_is_a_generated_document():
     gate = SupportGate.load()
     assert gate.source == "codekv/data/support.json"
@@ -265,6 +306,8 @@ def test_shipped_support_file_is_a_generated_document():
     data = json.loads(resources.files("codekv").joinpath("data", "support.json").read_text())
     assert data["generated_by"].startswith("codekv eval")
     for entry in data["entries"]:
+        # older files stamp the command once, for every entry
+        assert entry.get("generated_by", data["generated_by"]).startswith("codekv eval")
         assert set(entry) >= {"family", "workload", "passed", "strategy", "ratio", "thresholds",
                               "measured", "reason"}
         expected = not failures(entry["measured"] | {"fallbacks": 0},

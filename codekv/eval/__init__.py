@@ -9,9 +9,10 @@ simulates how much prefill an exact prefix cache could reuse against chunk compo
 ``report`` prints and plots.
 
 The shipped ``codekv/data/support.json`` is the output of ``codekv eval --write-gate
-codekv/data/support.json`` on the default model with the default settings; the file's
-``generated_by`` field holds the exact command and ``config.machine`` where it ran. It is
-never edited by hand: re-run the command to change it.
+codekv/data/support.json`` on the default model; each entry's ``generated_by`` holds the exact
+command that measured it (a run keeps the entries of workloads it did not evaluate, measured on
+the same model, so workloads may come from separate runs), and ``config.machine`` where the
+latest run ran. It is never edited by hand: re-run the command to change it.
 
 Names are imported on first use, so the command line starts without loading torch.
 """

@@ -186,7 +186,13 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
     from codekv.eval import report
     from codekv.eval.checkpoint import CheckpointMismatch
     from codekv.eval.harness import EvalConfig, evaluate
-    from codekv.eval.support import Thresholds, support_document, write_json
+    from codekv.eval.support import (
+        SupportFileError,
+        Thresholds,
+        read_support_document,
+        support_document,
+        write_json,
+    )
     from codekv.models import ModelLoadError
     from codekv.stores import StoreSpecError
 
@@ -210,8 +216,9 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
         config = EvalConfig(**{k: v for k, v in options.items() if v is not None})
     console = Console(width=max(140, Console().width))  # the table needs room, even in a pipe
     try:
+        read_support_document(write_gate) if write_gate else None  # refuse before the run
         result = _run_with_progress(config, evaluate)
-    except (ModelLoadError, StoreSpecError, CheckpointMismatch) as error:
+    except (ModelLoadError, StoreSpecError, CheckpointMismatch, SupportFileError) as error:
         raise click.ClickException(str(error)) from error
     notes = list(result.notes)
     if plots:
@@ -226,11 +233,18 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
         data["command"] = command
         write_json(json_path, data)
     if write_gate:
+        try:
+            previous = read_support_document(write_gate)
+        except SupportFileError as error:
+            raise click.ClickException(str(error)) from error
         document = support_document(result.gate, command, result.model,
                                     {**config.as_json(), "seconds": round(result.seconds, 1),
-                                     "machine": result.machine})
+                                     "machine": result.machine}, previous)
         write_json(write_gate, document)
-        notes.append(f"support file written: {write_gate}")
+        kept = len(document["entries"]) - len(result.gate)
+        notes.append(f"support file written: {write_gate}"
+                     + (f" (kept {kept} entries of other workloads from earlier runs)"
+                        if kept else ""))
     report.print_report(console, result.rows, result.gate, result.reuse, notes,
                         result.throughput, result.comparisons)
     console.print(f"{len(result.tasks)} tasks in {result.seconds:.0f}s; reproduce with: {command}")

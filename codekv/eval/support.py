@@ -104,15 +104,59 @@ def _measured(row: dict) -> dict:
     return {key: row.get(key) for key in MEASURED_KEYS}
 
 
-def support_document(entries: list[dict], command: str, model: dict, config: dict) -> dict:
+class SupportFileError(ValueError):
+    """An existing support file that a new run must not overwrite blindly."""
+
+
+def support_document(entries: list[dict], command: str, model: dict, config: dict,
+                     previous: dict | None = None) -> dict:
+    """The support file for this run's ``entries``, each stamped with the command that measured
+    it. With ``previous`` (the file being replaced) measured on the same model, its entries for
+    pairs this run did not evaluate are kept with their own commands, so workloads can be
+    evaluated by separate runs; entries of another model are dropped, never mixed in."""
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    entries = [{**entry, "generated_by": command, "created": created} for entry in entries]
+    if previous and _fingerprint(previous.get("model")) == _fingerprint(model):
+        evaluated = {_pair(entry) for entry in entries}
+        kept = [{**entry,
+                 "generated_by": entry.get("generated_by", previous.get("generated_by")),
+                 "created": entry.get("created", previous.get("created"))}
+                for entry in previous.get("entries", []) if _pair(entry) not in evaluated]
+        entries = kept + entries
     return {
         "format": 1,
         "generated_by": command,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created": created,
         "model": model,
         "config": config,
         "entries": entries,
     }
+
+
+def read_support_document(path: str | Path) -> dict | None:
+    """The support file at ``path`` (None when there is none yet); raise SupportFileError when
+    it exists but is not one, so a run never replaces a file it cannot read."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SupportFileError(f"{path} exists and is not a readable support file ({error}); "
+                               "move it away or name another --write-gate file") from error
+    if not (isinstance(data, dict) and data.get("format") == 1
+            and isinstance(data.get("entries"), list)):
+        raise SupportFileError(f"{path} exists and is not a codekv support file (format 1); "
+                               "move it away or name another --write-gate file")
+    return data
+
+
+def _fingerprint(model) -> str | None:
+    return model.get("fingerprint") if isinstance(model, dict) else None
+
+
+def _pair(entry: dict) -> tuple:
+    return (entry.get("backend", "transformers"), entry.get("family"), entry.get("workload"))
 
 
 def write_json(path: str | Path, data: dict) -> None:
