@@ -7,10 +7,11 @@ For each context length, chunks of the standard library (made into a git reposit
 taken in a fixed order until the context holds that many tokens; a short question follows.
 The chunk store is filled first (as `codekv prefill` would), then each method is timed side by
 side on the same tokens: full prefill, and composition per strategy with the store load
-included in its time to first token. Prints speedups, KL vs full prefill, store bytes per
-token, the machine's load and peak memory. With several ``--backend`` engines, each context is
-measured on each engine in turn (the same chunks; each engine's own tokenizer and full
-prefill), so their ratios are taken side by side.
+included in its time to first token. Prints speedups, the share of tokens recomputed and of
+full prefill's attention work they do (late rows attend to more keys), KL vs full prefill,
+store bytes per token, the machine's load and peak memory. With several ``--backend``
+engines, each context is measured on each engine in turn (the same chunks; each engine's own
+tokenizer and full prefill), so their ratios are taken side by side.
 """
 
 from __future__ import annotations
@@ -116,15 +117,17 @@ def measure(backend, index, chunks, args) -> None:
     n_tokens = full.report.context_tokens
     print(f"\n{backend.info.engine}: context {n_tokens} tokens in {len(chunks)} chunks "
           f"(store filled in {fill_s:.1f} s), load average {os.getloadavg()[0]:.1f}")
-    print(f"  {'method':<12} {'ttft_s':>8} {'speedup':>8} {'recompute':>10} {'KL':>8} "
-          f"{'top1':>5}  phases")
-    print(f"  {'full':<12} {full_s:8.2f} {1.0:8.1f}x {'100%':>10} {0.0:8.4f} {'yes':>5}")
+    print(f"  {'method':<12} {'ttft_s':>8} {'speedup':>8} {'recompute':>10} {'attention':>10} "
+          f"{'KL':>8} {'top1':>5}  phases")
+    print(f"  {'full':<12} {full_s:8.2f} {1.0:8.1f}x {'100%':>10} {'100%':>10} {0.0:8.4f} "
+          f"{'yes':>5}")
     for name, (ttft, result) in results.items():
         report = result.report
         logits = result.next_token_logits()
         agree = "yes" if int(reference.argmax()) == int(logits.argmax()) else "no"
         print(f"  {name:<12} {ttft:8.2f} {full_s / ttft:8.1f}x "
-              f"{report.recompute_ratio:10.1%} {kl(reference, logits):8.4f} "
+              f"{report.recompute_ratio:10.1%} {report.recompute_attention:10.1%} "
+              f"{kl(reference, logits):8.4f} "
               f"{agree:>5}  {report.timings}")
     total_tokens = sum(
         len(backend.tokenize(f"# {c.path}\n" + index.text(c).decode() + "\n\n"))

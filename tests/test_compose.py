@@ -77,6 +77,9 @@ def test_all_equals_full_prefill(tiny_backend, tmp_path, family):
         assert report.reused_tokens == 0
         assert report.recomputed_tokens == report.context_tokens - report.prefix_tokens
         assert report.recompute_ratio == 1.0
+        # every context row but the prefix's: a row at p attends to p + 1 keys
+        n, p = report.context_tokens, report.prefix_tokens
+        assert report.recompute_attention == pytest.approx(1 - p * (p + 1) / (n * (n + 1)))
         assert_exact(result, composer.full_prefill(chunks, QUERY, prefix=PREFIX))
 
 
@@ -85,6 +88,7 @@ def test_one_chunk_at_offset_zero_with_none_is_exact(tiny_backend, tmp_path, fam
     composer = make_composer(tiny_backend(family), tmp_path)
     result = composer.compose([C], QUERY, strategy="none")
     assert result.status == COMPOSED and result.report.recomputed_tokens == 0
+    assert result.report.recompute_attention == 0
     assert result.report.reused_tokens == result.report.context_tokens
     assert_exact(result, composer.full_prefill([C], QUERY))
 
