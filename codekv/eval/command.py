@@ -11,7 +11,7 @@ from rich.console import Console
 
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
-from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES
+from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES, split_entry
 from codekv.gate import WORKLOADS
 
 
@@ -42,13 +42,16 @@ def _strategies(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
     entries = tuple(v.strip() for v in text.split(",") if v.strip())
-    _names(",".join(e.partition("@")[0] for e in entries))
+    _names(",".join(entry.partition("@")[0] for entry in entries))
     for entry in entries:
-        name, at, ratio = entry.partition("@")
-        if at:
-            _floats(ratio)
-            if not float(ratio) > 0:
-                raise click.BadParameter(f"{entry}: a fixed ratio must be above 0")
+        try:
+            _, ratio = split_entry(entry)
+        except ValueError as error:
+            raise click.BadParameter(f"{entry}: the ratio after @ must be one of the numbers "
+                                     "from 0 to 1") from error
+        _floats(str(ratio) if ratio is not None else None)
+        if ratio is not None and not ratio > 0:
+            raise click.BadParameter(f"{entry}: a fixed ratio must be above 0")
     return entries
 
 
