@@ -529,6 +529,12 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     monkeypatch.setattr(codekv.models, "load_backend",
                         lambda model=None, engine="transformers": default_backend)
     out, gate, plots = tmp_path / "eval.json", tmp_path / "support.json", tmp_path / "plots"
+    # An earlier run's file: its rag entry (same model) stays, its tool-docs entry is replaced.
+    earlier = [_row("hybrid@0.15", workload=w) for w in ("rag", "tool-docs")]
+    write_json(gate, support_document(
+        gate_entries(earlier, "llama", model=default_backend.info.fingerprint),
+        "codekv eval --workload rag --workload tool-docs",
+        {"fingerprint": default_backend.info.fingerprint}, {}))
     result = CliRunner().invoke(command.eval_command, [
         "--quick", "--workload", "tool-docs", "--tasks", "1", "--strategies", "none,hybrid",
         "--pruning", "snapkv,pyramidkv,anchor-preserving", "--peers", "kvboost-passage",
@@ -571,11 +577,14 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
         "codekv eval --quick --prefix none --workload tool-docs --tasks 1")
     assert "--pruning snapkv,pyramidkv,anchor-preserving --budgets 0.5" in data["command"]
     support = json.loads(gate.read_text())
-    [entry] = support["entries"]
+    kept, entry = support["entries"]
+    assert (kept["workload"], kept["passed"]) == ("rag", True)
+    assert kept["generated_by"] == "codekv eval --workload rag --workload tool-docs"
+    assert "kept 1 entries of other workloads" in result.output
     assert (entry["family"], entry["workload"]) == ("llama", "tool-docs")
     assert entry["passed"] is False and "only 1 tasks" in entry["reason"]  # not evidence
     assert [c["method"] for c in entry["candidates"]] == ["none", "hybrid@0.15"]
-    assert support["generated_by"] == data["command"]
+    assert support["generated_by"] == entry["generated_by"] == data["command"]
 
 
 # -- repositories, system prompt, command ----------------------------------------------------
