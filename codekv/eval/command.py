@@ -47,10 +47,11 @@ def _strategies(text: str | None) -> tuple[str, ...] | None:
         try:
             _, ratio = split_entry(entry)
         except ValueError as error:
-            raise click.BadParameter(f"{entry}: the ratio after @ must be one of the numbers "
+            raise click.BadParameter(f"{entry}: expected NAME@RATIO, RATIO one of the numbers "
                                      "from 0 to 1") from error
-        _floats(str(ratio) if ratio is not None else None)
-        if ratio is not None and not ratio > 0:
+        if ratio is not None and not 0 <= ratio <= 1:
+            raise click.BadParameter("ratios must be between 0 and 1")
+        if ratio == 0:
             raise click.BadParameter(f"{entry}: a fixed ratio must be above 0")
     return entries
 
@@ -219,7 +220,8 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
         config = EvalConfig(**{k: v for k, v in options.items() if v is not None})
     console = Console(width=max(140, Console().width))  # the table needs room, even in a pipe
     try:
-        read_support_document(write_gate) if write_gate else None  # refuse before the run
+        if write_gate:
+            read_support_document(write_gate)  # a file it would not replace: refuse now
         result = _run_with_progress(config, evaluate)
     except (ModelLoadError, StoreSpecError, CheckpointMismatch, SupportFileError) as error:
         raise click.ClickException(str(error)) from error
