@@ -114,10 +114,12 @@ def main() -> int:
         methods.append(Method(name, ratio or 0.0))
     tempered = Tempered(methods, args.temperatures)
     store = LocalKVStore(Path(tempfile.mkdtemp(prefix="codekv-probe-temperature-")))
-    composer = Composer(backend, next(iter(indexes.values()), None), store, experimental=True)
+    composers = {spec: Composer(backend, index, store, experimental=True)
+                 for spec, index in {**indexes, None: None}.items()}
     runner.warm_up(backend.backend)
     measures = []
     for number, task in enumerate(tasks, 1):
+        composer = composers[task.meta.get("repo")]  # a code task reads its own repository
         measures += runner.run_task(composer, task, [tempered], prefix=config.prefix)
         print(f"[{number}/{len(tasks)}] {task.id}", flush=True)
     for note in notes:
