@@ -274,8 +274,8 @@ def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path)
                               read_support_document(path))
     by_workload = {entry["workload"]: entry for entry in merged["entries"]}
     assert set(by_workload) == {"code-qa", "rag"} and len(merged["entries"]) == 2
-    assert by_workload["code-qa"]["generated_by"].endswith("--workload rag")
-    assert by_workload["code-qa"]["generated_by"].startswith("codekv eval --workload code-qa")
+    assert by_workload["code-qa"]["generated_by"] == ("codekv eval --workload code-qa "
+                                                      "--workload rag")
     assert by_workload["rag"]["generated_by"] == "codekv eval --workload rag"
     assert by_workload["rag"]["passed"] is True  # the new run's verdict, not the old one
     write_json(path, merged)
