@@ -11,7 +11,7 @@ from rich.console import Console
 
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
-from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES, split_entry
+from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES
 from codekv.gate import WORKLOADS
 
 
@@ -44,14 +44,8 @@ def _strategies(text: str | None) -> tuple[str, ...] | None:
     entries = tuple(v.strip() for v in text.split(",") if v.strip())
     _names(",".join(entry.partition("@")[0] for entry in entries))
     for entry in entries:
-        try:
-            _, ratio = split_entry(entry)
-        except ValueError as error:
-            raise click.BadParameter(f"{entry}: expected NAME@RATIO, RATIO one of the numbers "
-                                     "from 0 to 1") from error
-        if ratio is not None and not 0 <= ratio <= 1:
-            raise click.BadParameter("ratios must be between 0 and 1")
-        if ratio == 0:
+        _, at, ratio = entry.partition("@")
+        if at and not _floats(ratio)[0] > 0:  # _floats checks it is a number from 0 to 1
             raise click.BadParameter(f"{entry}: a fixed ratio must be above 0")
     return entries
 
