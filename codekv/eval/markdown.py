@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from codekv.eval.report import ci
 from codekv.eval.results import mean_ci
@@ -187,7 +188,7 @@ def from_checkpoint(path: str) -> dict:
     from codekv.eval.checkpoint import measure
     from codekv.eval.results import aggregate, comparisons
 
-    header, *tasks = [json.loads(line) for line in open(path).read().splitlines() if line]
+    header, *tasks = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
     measures = [measure(m) for task in tasks for m in task["measures"]]
     return {"command": f"the {len(tasks)} finished tasks of a checkpoint of a run with "
                        f"configuration {json.dumps(header['config'], sort_keys=True)}",
@@ -199,7 +200,7 @@ def main(argv: list[str]) -> int:
     if argv[1] == "--checkpoint":
         data = from_checkpoint(argv[2])
     else:
-        data = json.loads(open(argv[1]).read())
+        data = json.loads(Path(argv[1]).read_text())
     print(f"Command: `{data['command']}`\n")
     print(gate_table(data))
     print()
