@@ -445,7 +445,7 @@ class Composer:
 
         selection_context = SelectionContext(
             len(context_ids), len(prefix_ids), segments, budget, deviation, query_names,
-            relevance if query_ids else None,
+            relevance if query_ids else None, self.backend.info.key_cost,
         )
         t0 = time.perf_counter()
         selected = selection.select(selection_context)

@@ -37,6 +37,9 @@ class ModelInfo:
     max_positions: int
     unsupported: str | None = None  # why composition is refused for this model, if it is
     engine: str = "transformers"  # the gate keys its evidence by engine and family
+    # FLOPs of attending to one more key over FLOPs of a row's own projections and MLP, per
+    # layer: a row at position p costs 1 + key_cost * (p + 1). 0 when unknown.
+    key_cost: float = 0.0
 
 
 def mean_nll(backend: Backend, state: RequestState, target_ids: list[int]) -> float:

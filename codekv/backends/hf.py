@@ -127,6 +127,7 @@ class HFBackend:
             n_layers=text_config.num_hidden_layers,
             max_positions=getattr(text_config, "max_position_embeddings", 2048),
             unsupported=unsupported_reason(self.config),
+            key_cost=key_cost(model, text_config),
         )
 
     # -- identity ------------------------------------------------------------------------
@@ -493,6 +494,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _unpack(cache: DynamicCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+
+
+def key_cost(model, text_config) -> float:
+    """FLOPs of one more key for one query row (q.k and p.v over every query head) over the
+    FLOPs of that row's weight matrices in one decoder layer (two per weight)."""
+    layers = getattr(model.base_model, "layers", None)
+    heads = getattr(text_config, "num_attention_heads", 0)
+    head_dim = getattr(text_config, "head_dim", None) or (
+        text_config.hidden_size // heads if heads else 0
+    )
+    if not layers or not heads:
+        return 0.0
+    weights = sum(p.numel() for p in layers[0].parameters() if p.dim() == 2)
+    return 4 * heads * head_dim / (2 * weights) if weights else 0.0
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

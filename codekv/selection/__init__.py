@@ -13,7 +13,7 @@ from codekv.selection.base import (
     TokenAnchor,
 )
 from codekv.selection.deviation import DeviationSelection
-from codekv.selection.query import QueryAnchorSelection, QuerySelection
+from codekv.selection.query import QueryAnchorSelection, QueryCostSelection, QuerySelection
 from codekv.selection.simple import (
     AllSelection,
     BoundarySelection,
@@ -31,6 +31,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
         AnchorSelection,
         HybridSelection,
         QuerySelection,
+        QueryCostSelection,
         QueryAnchorSelection,
         AllSelection,
     )

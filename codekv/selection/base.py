@@ -46,6 +46,8 @@ class SelectionContext:
     query_names: frozenset[str] = frozenset()  # identifiers the query mentions
     # Per-position attention of the query over the reused context (query-aware rules), on demand.
     relevance: Callable[[], torch.Tensor] | None = None
+    # A recomputed row at position p costs 1 + key_cost * (p + 1) (``ModelInfo.key_cost``).
+    key_cost: float = 0.0
 
     def request_chunks(self) -> set[str]:
         return {s.chunk_id for s in self.segments if s.chunk_id}

@@ -40,6 +40,41 @@ class QuerySelection(Strategy):
 
 
 @dataclass
+class QueryCostSelection(Strategy):
+    """``query`` priced by compute: a row at position p attends to p + 1 keys, so it costs
+    ``1 + key_cost * (p + 1)``, and the tokens the query attends to sit late, where rows cost
+    most. After the floor, takes the tokens with the most attention per unit of cost while the
+    total stays within what ``budget`` rows spread evenly over the chunks would cost (and at
+    most ``budget`` rows). With ``key_cost`` 0 it is ``query``."""
+
+    name = "query-cost"
+    needs_relevance = True
+    floor: int = 4
+
+    def select(self, context: SelectionContext) -> list[int]:
+        if context.budget <= 0 or context.relevance is None:
+            return []
+        import torch
+
+        chunk_start = context.prefix_length
+        costs = 1 + context.key_cost * (torch.arange(context.n_context, dtype=torch.float64) + 1)
+        allowance = context.budget * float(costs[chunk_start:].mean())
+        chosen = take(boundary_positions(context, self.floor), context.budget)
+        spent = float(costs[chosen].sum()) if chosen else 0.0
+        density = context.relevance().double() / costs
+        density[:chunk_start] = float("-inf")
+        seen = set(chosen)
+        for position in density.argsort(descending=True).tolist():
+            if len(chosen) >= context.budget or position < chunk_start:
+                break
+            cost = float(costs[position])
+            if position not in seen and spent + cost <= allowance:
+                chosen.append(position)
+                spent += cost
+        return sorted(chosen)
+
+
+@dataclass
 class QueryAnchorSelection(Strategy):
     """``query`` with code anchors as a prior: after the floor, up to ``anchor_share`` of the
     budget for the key anchors (definitions and calls of names the query mentions, def-use
