@@ -9,7 +9,7 @@ from test_backend_hf import composed_context, token_ids
 from transformers import DynamicCache
 
 from codekv.selection import Segment, SelectionContext, TokenAnchor, strategy
-from codekv.selection.query import QueryAnchorSelection, QuerySelection
+from codekv.selection.query import QueryAnchorSelection, QueryCostSelection, QuerySelection
 
 
 def eager_attention(backend, context, query: list[int]) -> list[torch.Tensor]:
@@ -54,10 +54,11 @@ def test_relevance_refuses_bad_input(tiny_backend):
         backend.query_relevance(context, [1, 2], (5,))
 
 
-def selection_context(relevance: torch.Tensor, budget: int, anchors=(), query_names=()):
+def selection_context(relevance: torch.Tensor, budget: int, anchors=(), query_names=(),
+                      key_cost=0.0):
     segments = [Segment(0, 10, "a"), Segment(10, 10, "b", list(anchors)), Segment(20, 10, "c")]
     return SelectionContext(30, 0, segments, budget, None, frozenset(query_names),
-                            lambda: relevance)
+                            lambda: relevance, key_cost)
 
 
 def test_query_rule_takes_the_floor_then_the_most_attended():
@@ -70,6 +71,41 @@ def test_query_rule_takes_the_floor_then_the_most_attended():
     assert QuerySelection().select(selection_context(relevance, 0)) == []
 
 
+def test_query_cost_prices_late_rows():
+    # Row p costs 1 + 0.1 * (p + 1); rows spread evenly would cost 2.55 each on average.
+    relevance = torch.arange(1, 31) * 1e-3
+    relevance[[5, 28, 29]] = torch.tensor([0.5, 0.9, 1.0])
+    rule = QueryCostSelection(floor=1)
+    # Three rows: the floor (10, 20), then 5, whose attention per cost (0.5 / 1.6) beats 29's
+    # (1.0 / 4.0); `query` takes 29.
+    assert rule.select(selection_context(relevance, 3, key_cost=0.1)) == [5, 10, 20]
+    assert QuerySelection(floor=1).select(selection_context(relevance, 3)) == [10, 20, 29]
+    # Five rows may cost 12.75: floor 5.2, + 5 (1.6), + 29 (4.0) = 10.8; 28 (3.9) would go
+    # over, and of the rows that still fit (p <= 8) 8 has the most attention per cost.
+    assert rule.select(selection_context(relevance, 5, key_cost=0.1)) == [5, 8, 10, 20, 29]
+    assert rule.select(selection_context(relevance, 0, key_cost=0.1)) == []
+
+
+def test_query_cost_without_a_key_cost_is_query():
+    relevance = torch.rand(30, generator=torch.Generator().manual_seed(0))
+    for budget in (1, 5, 12, 30):
+        context = selection_context(relevance, budget)
+        assert QueryCostSelection().select(context) == QuerySelection().select(context)
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_key_cost_is_one_keys_flops_over_a_rows_weights(tiny_backend, family):
+    backend = tiny_backend(family)
+    config = backend.config.get_text_config()
+    h, heads = config.hidden_size, config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    d = getattr(config, "head_dim", None) or h // heads
+    mlp_matrices = 2 if family in ("gpt_neox", "phi") else 3  # plain or gated MLP
+    # q and o projections, k and v, the MLP; norms are not matrices.
+    weights = 2 * h * heads * d + 2 * h * kv_heads * d + mlp_matrices * h * config.intermediate_size
+    assert backend.info.key_cost == pytest.approx(4 * heads * d / (2 * weights))
+
+
 def test_query_anchors_prefers_anchors_the_query_names():
     relevance = torch.linspace(1.0, 0.0, 30)  # earlier tokens attended more
     anchors = [TokenAnchor("def", "parse", 6, 8)]  # positions 16, 17
@@ -79,7 +115,7 @@ def test_query_anchors_prefers_anchors_the_query_names():
     assert QuerySelection(floor=1).select(context) == [0, 1, 2, 3, 10, 20]
 
 
-@pytest.mark.parametrize("name", ["query", "query-anchors"])
+@pytest.mark.parametrize("name", ["query", "query-cost", "query-anchors"])
 def test_query_rules_compose_exactly_with_a_full_budget(tiny_backend, tmp_path, name):
     from codekv.compose import Composer, Passage
     from codekv.kvstore import LocalKVStore

@@ -58,7 +58,8 @@ class QueryCostSelection(Strategy):
 
         chunk_start = context.prefix_length
         costs = 1 + context.key_cost * (torch.arange(context.n_context, dtype=torch.float64) + 1)
-        allowance = context.budget * float(costs[chunk_start:].mean())
+        # (a hair over, so a budget of every token is not lost to rounding in the sums)
+        allowance = context.budget * float(costs[chunk_start:].mean()) * (1 + 1e-9)
         chosen = take(boundary_positions(context, self.floor), context.budget)
         spent = float(costs[chosen].sum()) if chosen else 0.0
         density = context.relevance().double() / costs
