@@ -366,6 +366,15 @@ def test_baselines_run_on_the_first_tasks_of_each_workload():
     assert runner.requests(tasks, [composition, pruned]) == 6 * 2 + 2 * 2 + 2 * 1
 
 
+def test_the_command_names_ratios_only_where_they_are_used():
+    from codekv.eval.harness import EvalConfig
+
+    assert "--ratios 0,0.05,0.1,0.15,0.25 --strategies" in command.canonical_command(
+        EvalConfig(strategies=("none", "query")))
+    fixed = command.canonical_command(EvalConfig(strategies=("none", "query@0.15")))
+    assert "--ratios" not in fixed and "--strategies none,query@0.15 " in fixed
+
+
 def test_the_command_reproduces_the_pruning_choice():
     from codekv.eval.harness import EvalConfig
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
-from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES
+from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES, composition_methods
 from codekv.gate import WORKLOADS
 
 
@@ -85,9 +85,12 @@ def canonical_command(config) -> str:
         if tuple(config.workloads) != tuple(WORKLOADS.values()):
             parts += ["--workload", workload]
     parts += ["--tasks", str(config.tasks), "--seed", str(config.seed),
-              "--context-tokens", str(config.context_tokens),
-              "--ratios", ",".join(f"{r:g}" for r in config.ratios),
-              "--strategies", ",".join(config.strategies)]
+              "--context-tokens", str(config.context_tokens)]
+    if composition_methods(config.strategies, config.ratios) != composition_methods(
+        config.strategies, ()
+    ):  # not when every strategy names its ratio or has none
+        parts += ["--ratios", ",".join(f"{r:g}" for r in config.ratios)]
+    parts += ["--strategies", ",".join(config.strategies)]
     if tuple(config.conditioning) != (DEFAULT_CONDITIONING,):
         parts += ["--conditioning", ",".join(config.conditioning)]
     parts += ["--pruning", ",".join(config.pruning) or "none"]
