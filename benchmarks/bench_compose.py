@@ -9,7 +9,8 @@ The chunk store is filled first (as `codekv prefill` would), then each method is
 side on the same tokens: full prefill, and composition per strategy with the store load
 included in its time to first token. Prints speedups, the share of tokens recomputed and of
 full prefill's attention work they do (late rows attend to more keys), KL vs full prefill,
-store bytes per token, the machine's load and peak memory. With several ``--backend``
+store bytes per token, the machine's load and peak memory. ``--profile`` adds one profiled run
+of each method: the share of its CPU time spent in the attention kernel. With several ``--backend``
 engines, each context is measured on each engine in turn (the same chunks; each engine's own
 tokenizer and full prefill), so their ratios are taken side by side.
 """
@@ -49,6 +50,18 @@ def pick_chunks(index, backend, target_tokens: int):
     return chunks, total
 
 
+def attention_seconds(run) -> tuple[float, float]:
+    """(seconds in attention kernels, seconds of all CPU ops) of one profiled ``run()``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    attention = sum(e.self_cpu_time_total for e in events if "scaled_dot_product" in e.key)
+    return attention / 1e6, total / 1e6
+
+
 def kl(reference: torch.Tensor, other: torch.Tensor) -> float:
     p, q = torch.log_softmax(reference, -1), torch.log_softmax(other, -1)
     return float((p.exp() * (p - q)).sum())
@@ -61,6 +74,8 @@ def main() -> int:
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one run per method: attention kernel's share of time")
     parser.add_argument("--backend", nargs="+", default=["transformers"],
                         choices=["transformers", "llama.cpp"])
     args = parser.parse_args()
@@ -113,6 +128,15 @@ def measure(backend, index, chunks, args) -> None:
             assert result.report.chunk_misses == 0, "store should be warm"
             times.append(result.report.ttft_s)
         results[name] = (statistics.median(times), result)
+    if args.profile:
+        print("  attention kernel (torch.profiler, one run each): seconds, share of CPU time")
+        for name in ["full", *args.strategies]:
+            def run(name=name):
+                if name == "full":
+                    return composer.full_prefill(chunks, query)
+                return composer.compose(chunks, query, strategy=name, ratio=args.ratio)
+            attention, total = attention_seconds(run)
+            print(f"    {name:<12} {attention:6.2f} s of {total:6.2f} s ({attention / total:.0%})")
     stats = LocalKVStore(store_dir).stats()
     n_tokens = full.report.context_tokens
     print(f"\n{backend.info.engine}: context {n_tokens} tokens in {len(chunks)} chunks "
