@@ -505,6 +505,7 @@ def test_comparisons_pair_rules_on_the_same_tasks():
     assert query["ratio_of_means"] == pytest.approx(0.4 / 0.9)
     assert ("deviation", "deviation") not in found and ("boundary", "boundary") not in found
     assert found[("deviation", "boundary")]["difference"] == pytest.approx(0.0)
+    assert found[("boundary", "query")]["difference"] == pytest.approx(0.5 / 3)
     # A rule under graph conditioning meets the baselines and itself under the default.
     measures += [_measure("query+graph@0.15", delta, 1.0, task=task)
                  for task, delta in zip("abc", (0.05, -0.05, 0.1))]

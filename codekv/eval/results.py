@@ -21,8 +21,9 @@ ROW_KEYS = (
     "offline_prefill_s", "offline_tokens", "fallbacks", "kind", "budget", "kv_kept", "kv_bytes",
     "full_kv_bytes",
 )
-# Rules are compared with these baselines, at the same ratio, on the same tasks.
-BASELINES = ("deviation", "boundary")
+# Rules are compared with these baselines, at the same ratio, on the same tasks; ``query``
+# so that its variants (``query-cost``, ``query-anchors``) show what their addition does.
+BASELINES = ("deviation", "boundary", "query")
 
 
 def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
