@@ -10,14 +10,20 @@ each chunk's first tokens (the attention sinks a chunk computed alone carries, E
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from codekv.selection.anchors import anchor_positions
 from codekv.selection.base import SelectionContext, Strategy, boundary_positions, take
 
+if TYPE_CHECKING:  # the command line lists strategies without loading torch
+    import torch
 
-def by_relevance(context: SelectionContext, positions: list[int] | None = None) -> list[int]:
-    """Chunk positions (or ``positions``) by the query's attention, most attended first."""
-    relevance = context.relevance().clone()
+
+def by_relevance(context: SelectionContext, positions: list[int] | None = None,
+                 costs: torch.Tensor | None = None) -> list[int]:
+    """Chunk positions (or ``positions``) by the query's attention, most attended first (per
+    unit of ``costs``, when given); exact-prefix positions last."""
+    relevance = context.relevance().clone() if costs is None else context.relevance() / costs
     relevance[: context.prefix_length] = float("-inf")
     if positions is None:
         return relevance.argsort(descending=True).tolist()
@@ -40,7 +46,7 @@ class QuerySelection(Strategy):
 
 
 @dataclass
-class QueryCostSelection(Strategy):
+class QueryCostSelection(QuerySelection):
     """``query`` priced by compute: a row at position p attends to p + 1 keys, so it costs
     ``1 + key_cost * (p + 1)``, and the tokens the query attends to sit late, where rows cost
     most. After the floor, takes the tokens with the most attention per unit of cost while the
@@ -48,8 +54,6 @@ class QueryCostSelection(Strategy):
     most ``budget`` rows). With ``key_cost`` 0 it is ``query``."""
 
     name = "query-cost"
-    needs_relevance = True
-    floor: int = 4
 
     def select(self, context: SelectionContext) -> list[int]:
         if context.budget <= 0 or context.relevance is None:
@@ -61,13 +65,11 @@ class QueryCostSelection(Strategy):
         # (a hair over, so a budget of every token is not lost to rounding in the sums)
         allowance = context.budget * float(costs[chunk_start:].mean()) * (1 + 1e-9)
         chosen = take(boundary_positions(context, self.floor), context.budget)
-        spent = float(costs[chosen].sum()) if chosen else 0.0
-        density = context.relevance().double() / costs
-        density[:chunk_start] = float("-inf")
+        spent = float(costs[chosen].sum())
         seen = set(chosen)
-        for position in density.argsort(descending=True).tolist():
+        for position in by_relevance(context, costs=costs):
             if len(chosen) >= context.budget or position < chunk_start:
-                break
+                break  # exact-prefix positions come last
             cost = float(costs[position])
             if position not in seen and spent + cost <= allowance:
                 chosen.append(position)
