@@ -1,8 +1,10 @@
 """The support gate: composition runs only where measured evidence says it keeps quality.
 
 The support file (written by ``codekv eval --write-gate``) holds, per (engine, model family,
-workload), the thresholds, the measured values, the best strategy and ratio, and a verdict. A
-pair with no entry, or a failed one, is unsupported: the composer falls back to full prefill.
+workload), the thresholds, the measured values, the best strategy and ratio, and a verdict. An
+entry licenses composition only when it passed on its evidence tasks *and* was confirmed on
+held-out tasks no rule was tuned on (``codekv eval --confirm-gate``). A pair with no entry, a
+failed one or an unconfirmed one is unsupported: the composer falls back to full prefill.
 """
 
 from __future__ import annotations
@@ -54,8 +56,14 @@ class SupportGate:
         for entry in self.entries:
             if (entry.get("family") == family and entry.get("workload") == workload
                     and entry.get("backend", TRANSFORMERS) == engine):
-                if entry.get("passed"):
-                    return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"),
-                                   entry.get("conditioning"))
-                return Verdict(False, f"unsupported: {pair} failed its evaluation")
+                if not entry.get("passed"):
+                    return Verdict(False, f"unsupported: {pair} failed its evaluation")
+                held_out = entry.get("held_out") or {}
+                if "passed" not in held_out:
+                    return Verdict(False, f"unsupported: {pair} passed its evaluation but was "
+                                          "not confirmed on held-out tasks")
+                if not held_out["passed"]:
+                    return Verdict(False, f"unsupported: {pair} failed on held-out tasks")
+                return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"),
+                               entry.get("conditioning"))
         return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")

@@ -200,14 +200,16 @@ def test_unshifted_chunks_cannot_be_placed(tiny_llama, tmp_path):
 
 def test_the_gate_needs_llama_cpp_evidence(tiny_llama, tmp_path):
     transformers_evidence = SupportGate(
-        [{"family": "llama", "workload": "rag", "passed": True, "strategy": "boundary"}], "t")
+        [{"family": "llama", "workload": "rag", "passed": True, "strategy": "boundary",
+          "held_out": {"passed": True}}], "t")
     gated = composer(tiny_llama, tmp_path, experimental=False, gate=transformers_evidence)
     result = gated.compose([A, B], QUERY, strategy="boundary")
     assert result.status == FULL_PREFILL
     assert result.report.fallback_reason == (
         "unsupported: no evidence for llama/rag on llama.cpp (t)")
     licensed = SupportGate([{"backend": "llama.cpp", "family": "llama", "workload": "rag",
-                             "passed": True, "strategy": "boundary"}], "t")
+                             "passed": True, "strategy": "boundary",
+                             "held_out": {"passed": True}}], "t")
     allowed = composer(tiny_llama, tmp_path, experimental=False, gate=licensed)
     assert allowed.compose([A, B], QUERY, strategy="boundary").status == COMPOSED
     # strategy="auto" takes the rule from this engine's evidence only.

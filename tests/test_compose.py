@@ -228,7 +228,8 @@ def test_unsupported_without_evidence_falls_back_to_full_prefill(tiny_backend, t
     assert gated.counters.exact_prefix_misses == gated.counters.exact_prefix_hits == 0
     assert entry_files(tmp_path) == []  # a refused request stores nothing
     assert_exact(result, gated.full_prefill([A, B], QUERY, prefix=PREFIX))
-    passed = SupportGate([{"family": "llama", "workload": "rag", "passed": True}], "test")
+    passed = SupportGate([{"family": "llama", "workload": "rag", "passed": True,
+                           "held_out": {"passed": True}}], "test")
     allowed = make_composer(backend, tmp_path, experimental=False, gate=passed)
     assert allowed.compose([A, B], QUERY, strategy="all").status == COMPOSED
 
@@ -241,7 +242,7 @@ def test_auto_composes_with_the_rule_the_support_file_passed(tiny_backend, tmp_p
     support = tmp_path / "support.json"
     write_json(support, support_document([
         {"family": "llama", "workload": "rag", "passed": True, "strategy": "boundary",
-         "ratio": 0.25},
+         "ratio": 0.25, "held_out": {"passed": True}},
         {"family": "llama", "workload": "tool-docs", "passed": False, "strategy": None,
          "ratio": None},
     ], "codekv eval ...", {"family": "llama"}, {}))
@@ -267,7 +268,8 @@ def test_auto_composes_with_the_rule_the_support_file_passed(tiny_backend, tmp_p
     graph = make_composer(tiny_backend("llama"), tmp_path, experimental=False,
                           gate=SupportGate([{"family": "llama", "workload": "rag",
                                              "passed": True, "strategy": "boundary",
-                                             "ratio": 0.25, "conditioning": "none"}]))
+                                             "ratio": 0.25, "conditioning": "none",
+                                             "held_out": {"passed": True}}]))
     assert graph.compose([A, B], QUERY, prefix=PREFIX).report.conditioning == "none"
     chosen = graph.compose([A, B], QUERY, prefix=PREFIX, conditioning="prefix")
     assert chosen.report.conditioning == "prefix"  # the caller's choice wins

@@ -22,6 +22,7 @@ from codekv.eval.runner import Measure
 from codekv.eval.support import (
     SupportFileError,
     Thresholds,
+    confirm_entries,
     failures,
     gate_entries,
     read_support_document,
@@ -250,9 +251,8 @@ def test_gate_without_a_passing_strategy_says_why_and_the_gate_refuses(tmp_path)
     path = tmp_path / "support.json"
     write_json(path, support_document([rag, tools], "codekv eval ...", {"family": "llama"}, {}))
     gate = SupportGate.load(path)
-    assert gate.verdict("llama", "tool-docs").allowed
-    assert gate.verdict("llama", "tool-docs").strategy == "hybrid"
-    assert not gate.verdict("llama", "rag").allowed
+    assert "not confirmed on held-out tasks" in gate.verdict("llama", "tool-docs").reason
+    assert gate.verdict("llama", "rag").reason == "unsupported: llama/rag failed its evaluation"
     assert not gate.verdict("llama", "code-qa").allowed  # never evaluated: no evidence
     assert not gate.verdict("gemma3", "tool-docs").allowed
     [graph] = gate_entries([_row("hybrid+graph@0.05")], "llama")
@@ -279,11 +279,129 @@ def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path)
     assert by_workload["rag"]["generated_by"] == "codekv eval --workload rag"
     assert by_workload["rag"]["passed"] is True  # the new run's verdict, not the old one
     write_json(path, merged)
-    assert SupportGate.load(path).verdict("llama", "code-qa").allowed
+    assert "passed its evaluation" in SupportGate.load(path).verdict("llama", "code-qa").reason
     other = support_document([rag_again], "codekv eval", {"family": "llama",
                                                           "fingerprint": "m2"}, {},
                              read_support_document(path))
     assert [entry["workload"] for entry in other["entries"]] == ["rag"]
+
+
+EVIDENCE = "codekv eval --workload code-qa --workload rag --tasks 100 --seed 0"
+HELD_OUT = {"command": "codekv eval --repo package:click ...", "engine": "transformers",
+            "repos": ["package:click"], "seed": 0, "seconds": 1.0, "machine": {}}
+
+
+def _evidence(rows) -> dict:
+    return support_document(gate_entries(rows, "llama", model="m1"), EVIDENCE,
+                            {"family": "llama", "fingerprint": "m1"}, {})
+
+
+def test_held_out_tasks_confirm_the_cheapest_strategy_that_passes_them_too():
+    """query-cost passed the evidence and is cheaper, but misses a bound on held-out tasks;
+    query passed both, so it becomes the rule (the decision session 6 made by hand)."""
+    document = _evidence([_row("query-cost@0.15", recompute=0.13),
+                          _row("query@0.15", delta=0.01), _row("boundary@0.15", delta=0.2)])
+    [entry] = document["entries"]
+    assert entry["method"] == "query-cost@0.15"
+    assert entry["candidates"][1]["measured"]["delta_nll"] == 0.01  # kept for every candidate
+    held_out = [_row("query-cost@0.15", recompute=0.13, drop=0.7), _row("query@0.15"),
+                _row("boundary@0.15")]  # boundary "passes" here, but failed its evidence
+    lines = confirm_entries(document, held_out, "llama", HELD_OUT)
+    assert lines == ["llama/code-qa: confirmed on held-out tasks with query@0.15"]
+    assert (entry["strategy"], entry["ratio"], entry["method"]) == ("query", 0.15, "query@0.15")
+    assert entry["measured"]["delta_nll"] == 0.01  # the evidence run's, for the chosen rule
+    block = entry["held_out"]
+    assert block["passed"] is True and block["method"] == "query@0.15"
+    assert block["generated_by"] == HELD_OUT["command"] and block["repos"] == ["package:click"]
+    assert [(c["method"], c["passed"]) for c in block["candidates"]] == [
+        ("query-cost@0.15", False), ("query@0.15", True)]
+    assert block["candidates"][0]["failures"] == ["score drop CI high 1.20 > 1.0"]
+    verdict = SupportGate(document["entries"], "t").verdict("llama", "code-qa")
+    assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("query", 0.15)
+
+
+def test_held_out_tasks_that_no_candidate_passes_leave_the_pair_unsupported():
+    document = _evidence([_row("query@0.15"), _row("none", delta=0.3, workload="rag")])
+    code, rag = document["entries"]
+    assert confirm_entries(document, [_row("query@0.15", delta=0.04)], "llama", HELD_OUT) == [
+        "llama/code-qa: not confirmed on held-out tasks (query@0.15: delta NLL CI high 0.060 "
+        "> 0.05)"]
+    assert code["passed"] is True and code["held_out"]["passed"] is False
+    assert code["held_out"]["closest"] == "query@0.15"
+    assert "on held-out tasks no strategy meets the thresholds" in code["reason"]
+    gate = SupportGate(document["entries"], "t")
+    assert gate.verdict("llama", "code-qa").reason == (
+        "unsupported: llama/code-qa failed on held-out tasks")
+    assert "held_out" not in rag  # failed its evidence: nothing to confirm
+    # Another family's or engine's rows confirm nothing.
+    before = json.dumps(document)
+    assert confirm_entries(document, [_row("query@0.15")], "gemma3", HELD_OUT) == []
+    assert confirm_entries(document, [_row("query@0.15")], "llama",
+                           HELD_OUT | {"engine": "llama.cpp"}) == []
+    assert json.dumps(document) == before
+
+
+def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(tmp_path):
+    from codekv.eval.harness import EvalConfig
+
+    document = _evidence([_row("query@0.15"), _row("hybrid@0.15", workload="rag")])
+    check = command._check_held_out
+    fresh = dict(tasks=100, strategies=("query@0.15", "hybrid@0.15"))
+    check(document, EvalConfig(workloads=("code-qa",), repos=("package:click",), **fresh))
+    check(document, EvalConfig(workloads=("rag",), seed=1, **fresh))
+    refusals = {
+        "drawn from package:rich, stdlib; held-out tasks come from other repositories":
+            EvalConfig(workloads=("code-qa",), repos=("package:click", "stdlib"), **fresh),
+        "rag: its evidence was drawn with seed 0; held-out tasks need another --seed":
+            EvalConfig(workloads=("rag",), **fresh),
+        "its thresholds need 100 held-out tasks; --tasks is 12":
+            EvalConfig(workloads=("rag",), seed=1, tasks=12, strategies=("hybrid@0.15",)),
+        "none of --strategies passed its evidence run; candidates: query@0.15":
+            EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+                       strategies=("query@0.25",)),
+        "nothing to confirm: no entry for tool-docs on transformers passed":
+            EvalConfig(workloads=("tool-docs",), seed=1, **fresh),
+    }
+    for message, config in refusals.items():
+        with pytest.raises(SupportFileError, match=message):
+            check(document, config)
+    assert command._evidence_tasks("codekv eval --quick --seed 3") == (("stdlib-quick",), 3)
+    # From the command line: refused before any model loads, the file untouched.
+    path = tmp_path / "support.json"
+    write_json(path, document)
+    written = path.read_text()
+    result = CliRunner().invoke(main, ["eval", "--workload", "code-qa", "--tasks", "100",
+                                       "--strategies", "query@0.15", "--confirm-gate", str(path)])
+    assert result.exit_code != 0 and "held-out tasks come from other repositories" in result.output
+    both = CliRunner().invoke(main, ["eval", "--quick", "--confirm-gate", str(path),
+                                     "--write-gate", str(tmp_path / "other.json")])
+    assert both.exit_code != 0 and "one run does one of them" in both.output
+    assert path.read_text() == written
+
+
+def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path):
+    from types import SimpleNamespace
+
+    from codekv.eval.harness import EvalConfig
+
+    path = tmp_path / "support.json"
+    write_json(path, _evidence([_row("query@0.15")]))
+    config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+                        strategies=("query@0.15",))
+    result = SimpleNamespace(rows=[_row("query@0.15")], seconds=60.0, machine={"cpus": 2},
+                             model={"family": "llama", "fingerprint": "m1"})
+    lines = command._confirm(path, result, config, "codekv eval --repo package:click ...")
+    assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
+                     "query@0.15"]
+    [entry] = read_support_document(path)["entries"]
+    assert entry["held_out"]["repos"] == ["package:click"] and entry["held_out"]["seed"] == 0
+    assert entry["generated_by"] == EVIDENCE  # the evidence keeps its own command
+    assert SupportGate.load(path).verdict("llama", "code-qa").allowed
+    other = SimpleNamespace(**{**vars(result), "model": {"family": "llama", "fingerprint": "m2"}})
+    written = path.read_text()
+    with pytest.raises(click.ClickException, match="measured on another model"):
+        command._confirm(path, other, config, "codekv eval ...")
+    assert path.read_text() == written
 
 
 def test_write_gate_refuses_to_replace_a_file_that_is_not_a_support_file(tmp_path):

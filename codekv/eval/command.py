@@ -164,6 +164,10 @@ def canonical_command(config) -> str:
 @click.option("--write-gate", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the support file (the gate reads it via $CODEKV_SUPPORT or the "
                    "shipped codekv/data/support.json).")
+@click.option("--confirm-gate", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Judge this support file's passing entries again on this run's tasks, which "
+                   "must be held out from their evidence (other --repo for code-qa, another "
+                   "--seed elsewhere); only a confirmed entry licenses composition.")
 @click.option("--plots", type=click.Path(file_okay=False, path_type=Path),
               help="Write PNG plots here (needs matplotlib: the 'eval' extra).")
 @click.option("--min-tasks", type=int, default=100, show_default=True,
@@ -180,8 +184,8 @@ def canonical_command(config) -> str:
 def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, strategies,
                  conditioning, pruning,
                  budgets, pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens,
-                 model, engine, quick, json_path, write_gate, plots, min_tasks, no_reorder,
-                 reuse_tasks, store):
+                 model, engine, quick, json_path, write_gate, confirm_gate, plots, min_tasks,
+                 no_reorder, reuse_tasks, store):
     """Measure composition (and KV pruning baselines) against full prefill on generated
     workloads; write the gate file."""
     from codekv.eval import report
@@ -216,9 +220,14 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
     else:
         config = EvalConfig(**{k: v for k, v in options.items() if v is not None})
     console = Console(width=max(140, Console().width))  # the table needs room, even in a pipe
+    if write_gate and confirm_gate:
+        raise click.UsageError("--write-gate records evidence and --confirm-gate checks it on "
+                               "held-out tasks: one run does one of them")
     try:
         if write_gate:
             read_support_document(write_gate)  # a file it would not replace: refuse now
+        if confirm_gate:
+            _check_held_out(read_support_document(confirm_gate), config)
         result = _run_with_progress(config, evaluate)
     except (ModelLoadError, StoreSpecError, CheckpointMismatch, SupportFileError) as error:
         raise click.ClickException(str(error)) from error
@@ -247,6 +256,11 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
         notes.append(f"support file written: {write_gate}"
                      + (f" (kept {kept} entries of other workloads from earlier runs)"
                         if kept else ""))
+    if confirm_gate:
+        try:
+            notes.extend(_confirm(confirm_gate, result, config, command))
+        except SupportFileError as error:
+            raise click.ClickException(str(error)) from error
     report.print_report(console, result.rows, result.gate, result.reuse, notes,
                         result.throughput, result.comparisons)
     console.print(f"{len(result.tasks)} tasks in {result.seconds:.0f}s; reproduce with: {command}")
@@ -280,3 +294,71 @@ def _run_with_progress(config, evaluate):
                 click.echo(f"[{done}/{total} requests] {text}", err=True)
 
         return evaluate(config, status=status, progress=advance)
+
+
+def _evidence_tasks(command_line: str) -> tuple[tuple[str, ...], int]:
+    """The repositories and seed an evidence run drew its tasks from, read from its recorded
+    command by this command's own parser."""
+    from codekv.eval.harness import QUICK_REPOS, REPOS
+
+    words = shlex.split(command_line)
+    if words[:2] != ["codekv", "eval"]:
+        raise click.ClickException(f"not a codekv eval command: {command_line}")
+    params = eval_command.make_context("eval", words[2:]).params
+    repos = params["repos"] or (QUICK_REPOS if params["quick"] else REPOS)
+    return tuple(repos), params["seed"]
+
+
+def _check_held_out(document: dict | None, config) -> None:
+    """Refuse, before any model loads, a confirmation that could not confirm anything: no
+    passing entry for these workloads, none of its passing strategies in this run, or tasks
+    drawn where its evidence was drawn."""
+    from codekv.eval.support import SupportFileError, evidence_passed
+
+    if document is None:
+        raise SupportFileError("no support file to confirm")
+    labels = {m.label for m in composition_methods(config.strategies, config.ratios,
+                                                   config.conditioning)}
+    entries = [e for e in document["entries"] if e.get("workload") in config.workloads
+               and e.get("backend", "transformers") == config.backend and evidence_passed(e)]
+    if not entries:
+        raise SupportFileError("nothing to confirm: no entry for " + ", ".join(config.workloads)
+                               + f" on {config.backend} passed its evidence run")
+    for entry in entries:
+        workload, passed = entry["workload"], evidence_passed(entry)
+        needed = entry.get("thresholds", {}).get("min_tasks", 0)
+        if config.tasks < needed:
+            raise SupportFileError(f"{workload}: its thresholds need {needed} held-out tasks; "
+                                   f"--tasks is {config.tasks}")
+        if not labels & set(passed):
+            raise SupportFileError(f"{workload}: none of --strategies passed its evidence run; "
+                                   "candidates: " + ", ".join(passed))
+        command_line = entry.get("generated_by") or document.get("generated_by")
+        if not command_line:
+            raise SupportFileError(f"{workload}: the entry does not say which run measured it")
+        repos, seed = _evidence_tasks(command_line)
+        if workload == "code-qa" and set(repos) & set(config.repos):
+            raise SupportFileError(
+                f"code-qa: its evidence was drawn from {', '.join(sorted(set(repos)))}; held-out "
+                "tasks come from other repositories (--repo)")
+        if workload != "code-qa" and seed == config.seed:
+            raise SupportFileError(f"{workload}: its evidence was drawn with seed {seed}; "
+                                   "held-out tasks need another --seed")
+
+
+def _confirm(path: Path, result, config, command: str) -> list[str]:
+    """Write the held-out verdicts into the support file at ``path``; the lines to report."""
+    from codekv.eval.support import confirm_entries, read_support_document, write_json
+
+    document = read_support_document(path)  # as it is now, not as it was before the run
+    _check_held_out(document, config)
+    theirs = (document.get("model") or {}).get("fingerprint")
+    if theirs != result.model.get("fingerprint"):
+        raise click.ClickException(f"{path} was measured on another model ({theirs}); this run's "
+                                   f"is {result.model.get('fingerprint')}")
+    run = {"command": command, "engine": config.backend, "seed": config.seed,
+           "repos": list(config.repos) if "code-qa" in config.workloads else None,
+           "seconds": round(result.seconds, 1), "machine": result.machine}
+    lines = confirm_entries(document, result.rows, result.model["family"], run)
+    write_json(path, document)
+    return [f"support file {path}: {line}" for line in lines]

@@ -6,6 +6,10 @@ definition); the entry then names the cheapest such strategy and ratio (least re
 then fastest). A pair that
 was evaluated and failed gets an entry that says why, with the measurements of the candidate
 closest to passing. A pair never evaluated gets no entry: the gate treats it as unsupported.
+
+A pass on the tasks a rule was developed on is not enough: ``confirm_entries`` judges the
+strategies that passed again on held-out tasks (other repositories, or another seed), and only
+a confirmed entry licenses composition.
 """
 
 from __future__ import annotations
@@ -80,13 +84,13 @@ def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresho
         entry = {"backend": engine, "family": family, "workload": workload, "model": model,
                  "thresholds": asdict(thresholds)}
         if passing:
-            best = min(passing, key=lambda r: (r["recompute_ratio"], r["ratio"], -r["speedup"]))
+            best = _cheapest(passing)
             entry.update(passed=True, strategy=best["strategy"], ratio=best["ratio"],
                          conditioning=best["conditioning"], method=best["method"],
                          measured=_measured(best),
                          reason=f"{best['method']} meets every threshold")
         elif judged:
-            closest, why = min(judged, key=lambda j: (len(j[1]), _high(j[0]["delta_nll_ci"])))
+            closest, why = _closest(judged)
             entry.update(passed=False, strategy=None, ratio=None, method=None,
                          closest=closest["method"], measured=_measured(closest),
                          reason=f"no strategy meets the thresholds; closest {closest['method']}: "
@@ -94,10 +98,83 @@ def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresho
         else:
             entry.update(passed=False, strategy=None, ratio=None, method=None, measured={},
                          reason="no composition strategy was evaluated")
-        entry["candidates"] = [{"method": r["method"], "passed": not why, "failures": why}
-                               for r, why in judged]
+        entry["candidates"] = _candidates(judged)
         entries.append(entry)
     return entries
+
+
+def _candidates(judged) -> list[dict]:
+    return [{"method": r["method"], "passed": not why, "failures": why, "measured": _measured(r)}
+            for r, why in judged]
+
+
+def _cheapest(rows: list[dict]) -> dict:
+    return min(rows, key=lambda r: (r["recompute_ratio"], r["ratio"], -r["speedup"]))
+
+
+def _closest(judged) -> tuple[dict, list[str]]:
+    """The candidate nearest to passing: fewest failed thresholds, then lowest ΔNLL bound."""
+    return min(judged, key=lambda j: (len(j[1]), _high(j[0]["delta_nll_ci"])))
+
+
+def evidence_passed(entry: dict) -> list[str]:
+    """The methods that met every threshold on the entry's evidence tasks."""
+    if not entry.get("passed"):
+        return []
+    return [c["method"] for c in entry.get("candidates", []) if c.get("passed")]
+
+
+def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) -> list[str]:
+    """Judge ``document``'s entries for ``rows``' workloads again on these held-out rows, in
+    place; returns what was decided, one line per entry.
+
+    Only strategies that passed the entry's evidence run are candidates, held to the entry's
+    own thresholds; the cheapest that passes here too becomes the entry's rule. ``run``
+    (the command, repositories, seed, seconds, machine) is recorded in the entry's
+    ``held_out`` block, which the gate requires. The caller checks beforehand that these
+    tasks are not the evidence's (``codekv.eval.command``).
+    """
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    lines = []
+    for entry in document.get("entries", []):
+        if (_pair(entry) != (run["engine"], family, entry.get("workload"))
+                or not evidence_passed(entry)):
+            continue
+        candidates = set(evidence_passed(entry))
+        ours = [r for r in rows
+                if r["workload"] == entry["workload"] and r["method"] in candidates]
+        if not ours:
+            continue
+        thresholds = Thresholds(**entry.get("thresholds", {}))
+        judged = [(r, failures(r, thresholds)) for r in ours]
+        passing = [r for r, why in judged if not why]
+        pair = f"{family}/{entry['workload']}"
+        held_out = {"generated_by": run["command"], "created": created, "repos": run["repos"],
+                    "seed": run["seed"], "seconds": run["seconds"], "machine": run["machine"]}
+        if passing:
+            best = _cheapest(passing)
+            evidence = {c["method"]: c.get("measured") for c in entry.get("candidates", [])}
+            measured = evidence.get(best["method"]) or (
+                entry.get("measured") if entry.get("method") == best["method"] else None)
+            held_out.update(passed=True, method=best["method"], measured=_measured(best))
+            entry.update(strategy=best["strategy"], ratio=best["ratio"],
+                         conditioning=best["conditioning"], method=best["method"],
+                         measured=measured,
+                         reason=f"{best['method']} meets every threshold on its evidence tasks "
+                                "and on held-out tasks")
+            lines.append(f"{pair}: confirmed on held-out tasks with {best['method']}")
+        else:
+            closest, why = _closest(judged)
+            held_out.update(passed=False, method=None, closest=closest["method"],
+                            measured=_measured(closest))
+            entry["reason"] = (f"passed its evidence tasks, but on held-out tasks no strategy "
+                               f"meets the thresholds; closest {closest['method']}: "
+                               + "; ".join(why))
+            lines.append(f"{pair}: not confirmed on held-out tasks ({closest['method']}: "
+                         + "; ".join(why) + ")")
+        held_out["candidates"] = _candidates(judged)
+        entry["held_out"] = held_out
+    return lines
 
 
 def _measured(row: dict) -> dict:
