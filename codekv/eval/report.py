@@ -98,11 +98,12 @@ def throughput_table(rows: list[dict]) -> Table:
 
 
 def gate_table(entries: list[dict]) -> Table:
-    table = Table(title="support gate")
+    # An evidence run's verdicts: a pass licenses composition once held-out tasks confirm it.
+    table = Table(title="support gate: this run's tasks")
     for name in ("family", "workload", "verdict", "method", "reason"):
         table.add_column(name)
     for e in entries:
-        verdict = "[green]supported[/green]" if e["passed"] else "[red]unsupported[/red]"
+        verdict = "[green]pass[/green]" if e["passed"] else "[red]fail[/red]"
         table.add_row(e["family"], e["workload"], verdict, e.get("method") or "-", e["reason"])
     return table
 
