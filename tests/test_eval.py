@@ -366,6 +366,8 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
         with pytest.raises(SupportFileError, match=message):
             check(document, config)
     assert command._evidence_tasks("codekv eval --quick --seed 3") == (("stdlib-quick",), 3)
+    with pytest.raises(SupportFileError, match="No such option .--retired."):
+        command._evidence_tasks("codekv eval --retired 1")
     # From the command line: refused before any model loads, the file untouched.
     path = tmp_path / "support.json"
     write_json(path, document)

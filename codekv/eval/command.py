@@ -300,11 +300,16 @@ def _evidence_tasks(command_line: str) -> tuple[tuple[str, ...], int]:
     """The repositories and seed an evidence run drew its tasks from, read from its recorded
     command by this command's own parser."""
     from codekv.eval.harness import QUICK_REPOS, REPOS
+    from codekv.eval.support import SupportFileError
 
     words = shlex.split(command_line)
-    if words[:2] != ["codekv", "eval"]:
-        raise click.ClickException(f"not a codekv eval command: {command_line}")
-    params = eval_command.make_context("eval", words[2:]).params
+    try:
+        if words[:2] != ["codekv", "eval"]:
+            raise click.UsageError("not a codekv eval command")
+        params = eval_command.make_context("eval", words[2:]).params
+    except click.UsageError as error:
+        raise SupportFileError(f"cannot tell where the evidence of `{command_line}` was drawn: "
+                               f"{error.message}") from error
     repos = params["repos"] or (QUICK_REPOS if params["quick"] else REPOS)
     return tuple(repos), params["seed"]
 
