@@ -413,6 +413,52 @@ def prefill(repo, model, limit, prefix, conditioning, engine, store):
                   f"{stats.bytes / 1e6:.1f} MB")
 
 
+@main.command()
+@click.option("--file", "path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A support file [$CODEKV_SUPPORT, else the one shipped with codekv].")
+@click.option("--json", "as_json", is_flag=True, help="Print the pairs as one JSON object.")
+def support(path, as_json):
+    """Where composition runs: each evaluated (engine, family, workload) pair, its verdict and
+    rule, and the evidence and held-out runs behind it."""
+    from codekv.gate import SupportGate
+
+    try:
+        gate = SupportGate.load(path)
+    except (OSError, ValueError) as error:
+        raise click.ClickException(f"cannot read the support file: {error}") from error
+    pairs = gate.pairs()
+    if as_json:
+        click.echo(json.dumps({"source": gate.source, "pairs": pairs}, allow_nan=False))
+        return
+    table = Table(title=f"support gate ({gate.source})")
+    for name in ("pair", "requests", "rule", "ΔNLL evidence", "ΔNLL held out"):
+        table.add_column(name, no_wrap=True)
+    for pair in pairs:
+        held_out = pair["held_out"] or {"measured": {}}
+        table.add_row(_pair_name(pair),
+                      "[green]composed[/green]" if pair["supported"] else "[red]full prefill[/red]",
+                      pair["method"] or (f"closest {pair['closest']}" if pair["closest"] else "-"),
+                      _interval(pair["evidence"]["measured"]),
+                      _interval(held_out["measured"]))
+    wide = Console(width=max(140, console.width))  # the table needs room, even in a pipe
+    wide.print(table)
+    for pair in pairs:
+        wide.print(f"{_pair_name(pair)}: {pair['reason']}", highlight=False)
+    wide.print("Pairs not listed have no evidence: their requests fall back to full prefill.")
+
+
+def _pair_name(pair: dict) -> str:
+    engine = "" if pair["engine"] == "transformers" else f" on {pair['engine']}"
+    return f"{pair['family']}/{pair['workload']}{engine}"
+
+
+def _interval(measured: dict) -> str:
+    low_high = measured.get("delta_nll_ci")
+    if measured.get("delta_nll") is None or not low_high:
+        return "-"
+    return f"{measured['delta_nll']:+.3f} [{low_high[0]:+.3f}, {low_high[1]:+.3f}]"
+
+
 def _register_eval() -> None:
     """``codekv eval`` lives in codekv.eval.command (it imports torch only when run)."""
     from codekv.eval.command import eval_command

@@ -49,6 +49,30 @@ class SupportGate:
         data = json.loads(text)
         return cls(data.get("entries", []), source)
 
+    def pairs(self) -> list[dict]:
+        """Each evaluated (engine, family, workload) pair with its verdict and where its
+        evidence and held-out confirmation came from: what ``codekv support`` shows."""
+        out = []
+        for entry in self.entries:
+            engine = entry.get("backend", TRANSFORMERS)
+            verdict = self.verdict(entry.get("family"), entry.get("workload"), engine)
+            held_out = entry.get("held_out") or {}
+            out.append({
+                "engine": engine, "family": entry.get("family"),
+                "workload": entry.get("workload"), "supported": verdict.allowed,
+                "reason": entry.get("reason") or verdict.reason if verdict.allowed
+                else verdict.reason,
+                "method": entry.get("method"),  # what composes, or what passed its evidence
+                "closest": entry.get("closest"),  # of a failed evaluation
+                "evidence": {"command": entry.get("generated_by"),
+                             "created": entry.get("created"),
+                             "measured": entry.get("measured") or {}},
+                "held_out": {"command": held_out.get("generated_by"),
+                             "created": held_out.get("created"),
+                             "measured": held_out.get("measured") or {}} if held_out else None,
+            })
+        return out
+
     def verdict(self, family: str, workload: str, engine: str = TRANSFORMERS) -> Verdict:
         """The evidence for ``family`` on ``engine``: one engine's results never license another
         (entries without a ``backend`` field were measured on transformers)."""

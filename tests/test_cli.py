@@ -482,3 +482,39 @@ def test_prefill_and_compose_share_a_conditioning(repo, store, tiny_backend, mon
     result = cli("compose", repo.root, "--store", store, "--conditioning", "neighbours",
                  "--chunk", "app.py::run", "--query", "q")
     assert result.exit_code == 2 and "neighbours" in result.output
+
+
+def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
+    monkeypatch.delenv("CODEKV_SUPPORT", raising=False)
+    query = {"delta_nll": -0.004, "delta_nll_ci": [-0.044, 0.036]}
+    entries = [
+        {"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
+         "ratio": 0.15, "method": "query@0.15", "measured": query, "reason": "meets all",
+         "generated_by": "codekv eval --tasks 100", "created": "2026-12-01T00:00:00Z",
+         "held_out": {"passed": True, "generated_by": "codekv eval --repo x",
+                      "measured": {"delta_nll": 0.01, "delta_nll_ci": [-0.02, 0.04]}}},
+        {"family": "llama", "workload": "rag", "passed": True, "method": "query@0.25"},
+        {"backend": "llama.cpp", "family": "llama", "workload": "tool-docs", "passed": False,
+         "method": None, "closest": "boundary@0.15"},
+    ]
+    path = tmp_path / "support.json"
+    path.write_text(json.dumps({"format": 1, "entries": entries}))
+    data = json.loads(cli("support", "--file", path, "--json").stdout)
+    assert data["source"] == str(path)
+    code, rag, docs = data["pairs"]
+    assert (code["supported"], code["method"], code["reason"]) == (True, "query@0.15", "meets all")
+    assert code["evidence"]["command"] == "codekv eval --tasks 100"
+    assert code["held_out"]["command"] == "codekv eval --repo x"
+    assert rag["supported"] is False and rag["held_out"] is None
+    assert rag["reason"] == ("unsupported: llama/rag passed its evaluation but was not confirmed "
+                             "on held-out tasks")
+    assert (docs["engine"], docs["supported"]) == ("llama.cpp", False)
+    text = cli("support", "--file", path).stdout
+    assert "-0.004 [-0.044, +0.036]" in text and "+0.010 [-0.020, +0.040]" in text
+    assert "llama/tool-docs on llama.cpp: unsupported: llama/tool-docs on llama.cpp failed" in text
+    assert "closest boundary@0.15" in text
+    # The shipped file by default; a broken file is a clear error.
+    assert "codekv/data/support.json" in cli("support").stdout
+    path.write_text("{")
+    assert_clean_error(CliRunner().invoke(main, ["support", "--file", str(path)]), 1,
+                       "cannot read the support file")
