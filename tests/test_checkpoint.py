@@ -67,3 +67,18 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
     with pytest.raises(CheckpointMismatch, match="another configuration"):
         Checkpoint(path, {**CONFIG, "seed": 1})
     assert json.loads(path.read_text())["config"] == CONFIG  # left as it was
+
+
+def test_the_evaluation_counts_the_tasks_it_resumed(tiny_backend, tmp_path):
+    """A resumed run's seconds and load cover only the tasks it measured itself; the result
+    (and the support file) says how many came from the checkpoint."""
+    from codekv.eval.harness import EvalConfig, _measure
+
+    config = EvalConfig(workloads=("rag",), tasks=2, checkpoint=str(tmp_path / "run.jsonl"),
+                        store=str(tmp_path / "kv"))
+    runners = [runner.Composition([Method("none")])]
+    backend = tiny_backend("llama")
+    measures, resumed = _measure(config, backend, {}, tasks()[:1], runners, [], None)
+    assert resumed == 0 and [m.task for m in measures] == ["t0", "t0"]
+    measures, resumed = _measure(config, backend, {}, tasks(), runners, [], None)
+    assert resumed == 1 and [m.task for m in measures] == ["t0", "t0", "t1", "t1"]

@@ -391,12 +391,13 @@ def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path
     config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
                         strategies=("query@0.15",))
     result = SimpleNamespace(rows=[_row("query@0.15")], seconds=60.0, machine={"cpus": 2},
-                             model={"family": "llama", "fingerprint": "m1"})
+                             resumed_tasks=40, model={"family": "llama", "fingerprint": "m1"})
     lines = command._confirm(path, result, config, "codekv eval --repo package:click ...")
     assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
                      "query@0.15"]
     [entry] = read_support_document(path)["entries"]
     assert entry["held_out"]["repos"] == ["package:click"] and entry["held_out"]["seed"] == 0
+    assert entry["held_out"]["resumed_tasks"] == 40  # its seconds cover the other 60 only
     assert entry["generated_by"] == EVIDENCE  # the evidence keeps its own command
     assert SupportGate.load(path).verdict("llama", "code-qa").allowed
     other = SimpleNamespace(**{**vars(result), "model": {"family": "llama", "fingerprint": "m2"}})

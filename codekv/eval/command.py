@@ -250,6 +250,7 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
             raise click.ClickException(str(error)) from error
         document = support_document(result.gate, command, result.model,
                                     {**config.as_json(), "seconds": round(result.seconds, 1),
+                                     "resumed_tasks": result.resumed_tasks,
                                      "machine": result.machine}, previous)
         write_json(write_gate, document)
         kept = len(document["entries"]) - len(result.gate)
@@ -363,7 +364,8 @@ def _confirm(path: Path, result, config, command: str) -> list[str]:
                                    f"is {result.model.get('fingerprint')}")
     run = {"command": command, "engine": config.backend, "seed": config.seed,
            "repos": list(config.repos) if "code-qa" in config.workloads else None,
-           "seconds": round(result.seconds, 1), "machine": result.machine}
+           "seconds": round(result.seconds, 1), "resumed_tasks": result.resumed_tasks,
+           "machine": result.machine}
     lines = confirm_entries(document, result.rows, result.model["family"], run)
     write_json(path, document)
     return [f"support file {path}: {line}" for line in lines]

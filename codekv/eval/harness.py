@@ -99,6 +99,8 @@ class EvalResult:
     seconds: float
     machine: dict = field(default_factory=dict)
     throughput: list[dict] = field(default_factory=list)
+    # Tasks read back from the checkpoint: ``seconds`` and ``machine`` do not cover them.
+    resumed_tasks: int = 0
 
     def as_json(self) -> dict:
         return {
@@ -111,6 +113,7 @@ class EvalResult:
             "config": self.config.as_json(),
             "notes": self.notes,
             "seconds": round(self.seconds, 1),
+            "resumed_tasks": self.resumed_tasks,
             "machine": self.machine,
             "tasks": [t.as_json() for t in self.tasks],
             "measures": [m.as_json() for m in self.measures],
@@ -155,7 +158,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         say("Generating workloads")
         tasks = _tasks(config, indexes, count, notes)
         runners = _runners(config, backend, tasks, notes)
-        measures = _measure(config, backend, indexes, tasks, runners, loads, progress)
+        measures, resumed = _measure(config, backend, indexes, tasks, runners, loads, progress)
         rows = aggregate(measures)
         info = backend.info
         entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint,
@@ -171,7 +174,7 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
                      f"{machine['cpus']} cores): timings and speedups are noisy")
     return EvalResult(config, _model(config, backend.info), rows, measures, tasks, entries,
                       comparisons(measures), reuse_result, notes,
-                      time.perf_counter() - started, machine, throughput_rows)
+                      time.perf_counter() - started, machine, throughput_rows, resumed)
 
 
 def _indexes(config: EvalConfig, say) -> dict:
@@ -258,9 +261,9 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
 
 
 def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: list,
-             loads: list, progress) -> list[runner.Measure]:
+             loads: list, progress) -> tuple[list[runner.Measure], int]:
     """Every scheduled method on every task, on a chunk store of its own, resuming from the
-    checkpoint when there is one."""
+    checkpoint when there is one; also how many tasks the checkpoint already held."""
     from codekv.compose import Composer
     from codekv.eval.checkpoint import Checkpoint
     from codekv.stores import open_kv_store
@@ -290,10 +293,11 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
             if progress is not None:
                 progress(text, step, total)
 
+        resumed = sum(task.id in checkpoint.done for task in tasks) if checkpoint else 0
         return runner.run(composer_for, tasks, runners, config.greedy_tokens, report,
                           config.prefix, checkpoint.done if checkpoint else None,
                           (lambda task, done: checkpoint.add(task.id, done)) if checkpoint
-                          else None)
+                          else None), resumed
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)

@@ -130,9 +130,9 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
 
     Only strategies that passed the entry's evidence run are candidates, held to the entry's
     own thresholds; the cheapest that passes here too becomes the entry's rule. ``run``
-    (the command, repositories, seed, seconds, machine) is recorded in the entry's
-    ``held_out`` block, which the gate requires. The caller checks beforehand that these
-    tasks are not the evidence's (``codekv.eval.command``).
+    (the command, repositories, seed, seconds, tasks resumed from a checkpoint, machine) is
+    recorded in the entry's ``held_out`` block, which the gate requires. The caller checks
+    beforehand that these tasks are not the evidence's (``codekv.eval.command``).
     """
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lines = []
@@ -150,7 +150,8 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
         passing = [r for r, why in judged if not why]
         pair = f"{family}/{entry['workload']}"
         held_out = {"generated_by": run["command"], "created": created, "repos": run["repos"],
-                    "seed": run["seed"], "seconds": run["seconds"], "machine": run["machine"]}
+                    "seed": run["seed"], "seconds": run["seconds"],
+                    "resumed_tasks": run.get("resumed_tasks", 0), "machine": run["machine"]}
         if passing:
             best = _cheapest(passing)
             evidence = {c["method"]: c.get("measured") for c in entry.get("candidates", [])}
