@@ -163,7 +163,7 @@ def _span(index: Index, chunks: list[Chunk], start: int, end: int, kind: str,
     first = chunks[0]
     data = index.blob(first)
     return Chunk(
-        id=chunk_id(first.blob_hash, first.language, start, end, index.chunker),
+        id=chunk_id(first.blob_hash, first.language, start, end, index.boundaries),
         blob_hash=first.blob_hash, language=first.language, kind=kind,
         name=qualname.rpartition(".")[2] if qualname else None, qualname=qualname,
         parent=qualname.rpartition(".")[0] or None if qualname else None, part=0,

@@ -15,6 +15,7 @@ from tree_sitter import QueryCursor
 
 from codekv import grammars
 from codekv.chunks import (
+    ANALYSIS_VERSION,
     CHUNKER_VERSION,
     DEFAULT_BUDGET,
     Anchor,
@@ -72,8 +73,14 @@ class BlobAnalysis:
 
 
 def chunker_version(counter: CounterSpec, budget: int) -> str:
-    """Everything chunk boundaries depend on, in one string stored with each blob."""
+    """Everything chunk boundaries depend on, in one string: part of every chunk id."""
     return f"{CHUNKER_VERSION}:{counter.fingerprint}:{budget}"
+
+
+def analysis_version(counter: CounterSpec, budget: int) -> str:
+    """Everything a blob's stored analysis depends on: its boundaries and what is read from
+    its chunks. Stored blobs are keyed by it; a new one analyses every blob again."""
+    return f"{chunker_version(counter, budget)}/{ANALYSIS_VERSION}"
 
 
 class Analyzer:
@@ -82,7 +89,8 @@ class Analyzer:
     def __init__(self, counter: CounterSpec, budget: int = DEFAULT_BUDGET):
         self.counter = TokenCounter(counter)
         self.budget = budget
-        self.chunker = chunker_version(counter, budget)
+        self.chunker = analysis_version(counter, budget)  # what blobs are stored under
+        self.boundaries = chunker_version(counter, budget)  # what chunk ids are made of
         self._parsers: dict[str, object] = {}
 
     def analyze(self, blob_hash: str, language: str, source: bytes) -> BlobAnalysis:
@@ -129,7 +137,7 @@ class Analyzer:
             start, end = piece.start, piece.end
             chunks.append(
                 Chunk(
-                    id=chunk_id(blob_hash, language, start, end, self.chunker),
+                    id=chunk_id(blob_hash, language, start, end, self.boundaries),
                     blob_hash=blob_hash,
                     language=language,
                     kind=piece.kind,

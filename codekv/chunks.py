@@ -20,8 +20,12 @@ from typing import NamedTuple
 
 from codekv.grammars import LanguageSpec, definition_name
 
-# Bump when chunk boundaries or anchor rules change: it retires every stored chunk.
+# Bump when chunk boundaries change: it is part of every chunk id, so it retires every stored
+# chunk and its cached KV.
 CHUNKER_VERSION = "3"
+# Bump when what is read from a chunk changes but not its bytes (anchors, definitions, the
+# outline): every blob is analysed again, and chunk ids (and their cached KV) stay.
+ANALYSIS_VERSION = "2"
 DEFAULT_BUDGET = 512
 # Deeper nesting (of classes, namespaces, statements, preprocessor blocks) is not cut further:
 # the deep node stays whole in its chunk. A fixed depth, not Python's recursion limit, so
@@ -259,8 +263,9 @@ class Chunker:
         if self.fits(start, end) or body is None or not body.named_children \
                 or depth >= MAX_DEPTH:
             out.append(_Piece(kind, start, end, name, qualname, parent, owner))
-            if is_class and body is not None and depth < MAX_DEPTH:
-                self._outline(body, qualname, depth + 1)
+            members = body if body is not None or not is_class else self._listed(definition)
+            if is_class and members is not None and depth < MAX_DEPTH:
+                self._outline(members, qualname, depth + 1)
             return
         if is_class:
             # The header (signature, docstring, fields) is the class chunk; members split off.
@@ -290,6 +295,10 @@ class Chunker:
             return
         holder = _Piece("module", 0, 0, name, qualname, parent, owner)
         self._members(self._segments(body.named_children, depth), holder, out, depth + 1)
+
+    def _listed(self, definition):
+        """Where a type lists members no body field holds (a Go interface's methods)."""
+        return self.spec.members_of(definition) if self.spec.members_of else None
 
     def _outline(self, body, parent, depth) -> None:
         """Outline the members of a class or namespace kept whole in one chunk."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from codekv import address, gitrepo, grammars, paths
-from codekv.analysis import Analyzer, chunker_version
+from codekv.analysis import Analyzer, analysis_version, chunker_version
 from codekv.anchors.graph import DefUseGraph, Use, build_graph
 from codekv.anchors.state import BlobInfo, GraphState
 from codekv.chunks import DEFAULT_BUDGET, Anchor, Chunk, Outlined
@@ -136,7 +136,9 @@ class Index:
         self.store_dir = paths.user_dir(Path(store), "store") if store else paths.home()
         self.budget = budget
         self.counter = counter or default_counter_spec()
-        self.chunker = chunker_version(self.counter, budget)
+        # Blobs are stored under the analysis version; chunk ids carry only the boundaries'.
+        self.chunker = analysis_version(self.counter, budget)
+        self.boundaries = chunker_version(self.counter, budget)
         self.include_secrets = include_secrets
         self.include_ignored = include_ignored
         self.store = IndexStore(self.store_dir / INDEX_FILE)

@@ -65,6 +65,30 @@ def test_methods_are_qualified_by_their_receiver(analyze):
     assert result.chunks[1].text(SOURCE.encode()).startswith(b"// Server serves.\ntype Server")
 
 
+def test_interface_methods_are_outlined_and_addressable(analyze, git_repo):
+    """A method an interface declares is ``Type.Method`` in the outline, as a Java interface
+    method is, while the interface stays one chunk (its boundaries do not move)."""
+    result = analyze("go", SOURCE)
+    assert [(o.qualname, o.kind, o.start_line, o.end_line) for o in result.outline] == [
+        ("Server", "class", 10, 14),
+        ("Handler", "class", 16, 18),
+        ("Handler.Serve", "method", 17, 17),
+        ("Server.Serve", "method", 20, 34),
+        ("New", "function", 36, 38),
+    ]
+    git_repo.commit({"server.go": SOURCE})
+    index = Index(git_repo.root, counter=CounterSpec("bytes"))
+    index.update(workers=1)
+    try:
+        method = index.resolve("server.go::Handler.Serve")
+        assert index.text(method) == b"Serve(r *Request) error"
+        assert (method.kind, method.parent, method.start_line) == ("method", "Handler", 17)
+        # The receiver's method of the same name is another definition, addressed apart.
+        assert index.resolve("server.go::Server.Serve").start_line == 20
+    finally:
+        index.close()
+
+
 def test_receiver_forms():
     from codekv import grammars
 

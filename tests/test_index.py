@@ -285,6 +285,30 @@ def test_the_index_side_loads_nothing_of_the_compose_side():
     assert not {m for m in loaded if m.startswith(compose_side)}
 
 
+def test_a_new_analysis_version_analyses_again_and_keeps_chunk_ids(git_repo, monkeypatch):
+    """What is read from chunks (anchors, the outline) has a version of its own: a new one
+    analyses every blob again, but chunk ids, which name the bytes, and so the chunks'
+    cached KV, stay."""
+    import codekv.analysis
+    import codekv.index
+
+    git_repo.commit({"a.py": A_V1, "b.py": B})
+    with monkeypatch.context() as patch:
+        patch.setattr(codekv.analysis, "ANALYSIS_VERSION", "0")
+        patch.setattr(codekv.index, "_analyzers", {})
+        old = _index(git_repo)
+        old.update(workers=1)
+        old_ids, old_chunker = _ids(old), old.chunker
+        old.close()
+    index = _index(git_repo)
+    assert index.chunker != old_chunker and index.chunks() == []  # not read: analysed again
+    summary = index.update(workers=1)
+    assert (summary.parsed, summary.reused) == (2, 0)
+    assert _ids(index) == old_ids
+    assert index.gc() == 2  # the old analysis's two blobs
+    index.close()
+
+
 def test_a_new_chunker_version_retires_the_old_entries(git_repo, monkeypatch):
     """Rows are keyed by chunker: an index written by another chunker version is analysed
     again (new ids, new outline), never read, and dropped by gc."""

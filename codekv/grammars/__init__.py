@@ -58,6 +58,9 @@ class LanguageSpec:
     # The type a top-level function belongs to, when the language declares methods outside
     # their type (Go receivers): the chunk becomes the method ``Owner.name``.
     owner_of: Callable[[object], str | None] | None = field(default=None, compare=False)
+    # Where a type lists members that no ``body_field`` holds (the methods of a Go interface):
+    # they are outlined, so ``Type.member`` can be addressed; the type stays one chunk.
+    members_of: Callable[[object], object | None] | None = field(default=None, compare=False)
     # Query files compiled together (TSX reuses TypeScript's); default: the language's own.
     query_files: tuple[str, ...] = ()
 
@@ -84,6 +87,13 @@ def _go_name(node) -> str | None:
         spec = next((c for c in node.named_children if c.type in ("type_spec", "type_alias")), None)
         return _node_name(spec) if spec is not None else None
     return _node_name(node)
+
+
+def _go_interface(node):
+    """The method list of ``type Name interface { ... }`` (its first type spec), else None."""
+    spec = next((c for c in node.named_children if c.type == "type_spec"), None)
+    kind = spec.child_by_field_name("type") if spec is not None else None
+    return kind if kind is not None and kind.type == "interface_type" else None
 
 
 def _go_receiver(node) -> str | None:
@@ -276,10 +286,12 @@ GO = LanguageSpec(
     name="go",
     extensions=(".go",),
     load=_loader("tree_sitter_go"),
-    function_types=frozenset({"function_declaration", "method_declaration"}),
+    # ``method_elem``: a method an interface declares (outlined, never a chunk of its own).
+    function_types=frozenset({"function_declaration", "method_declaration", "method_elem"}),
     class_types=frozenset({"type_declaration"}),
     name_of=_go_name,
     owner_of=_go_receiver,
+    members_of=_go_interface,
 )
 
 RUST = LanguageSpec(
