@@ -263,9 +263,10 @@ class Chunker:
         if self.fits(start, end) or body is None or not body.named_children \
                 or depth >= MAX_DEPTH:
             out.append(_Piece(kind, start, end, name, qualname, parent, owner))
-            members = body if body is not None or not is_class else self._listed(definition)
-            if is_class and members is not None and depth < MAX_DEPTH:
-                self._outline(members, qualname, depth + 1)
+            if is_class and depth < MAX_DEPTH:
+                members = body if body is not None else self._listed(definition)
+                if members is not None:
+                    self._outline(members, qualname, depth + 1)
             return
         if is_class:
             # The header (signature, docstring, fields) is the class chunk; members split off.
