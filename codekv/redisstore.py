@@ -173,7 +173,13 @@ class RedisKVStore:
             try:
                 expiry = int(self.lease_s * 1000)
                 if self._client.set(lease, secrets.token_hex(8), nx=True, px=expiry):
-                    self._leases.add(lease)
+                    # The holder before us may have stored the entry (and freed the lease)
+                    # between our miss and our lease: then there is nothing to compute.
+                    entry = self._fetch(key)
+                    if entry is None:
+                        self._leases.add(lease)
+                    else:
+                        self._client.delete(lease)
                     break
                 while self._client.exists(lease) and time.monotonic() < deadline:
                     time.sleep(_POLL_S)

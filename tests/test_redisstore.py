@@ -296,6 +296,27 @@ WORKER = textwrap.dedent(
 )
 
 
+def test_an_entry_stored_between_a_miss_and_the_lease_is_not_computed_again(redis_url,
+                                                                            redis_server):
+    """Another process puts the entry (and frees its lease) right after this one missed: the
+    lease this one then takes must not make it compute the chunk a second time."""
+    key = KVKey("repo:aaaa", "model", "tok", "late", token_hash([1]))
+    t = torch.full((2, 3, 4), 7.0)
+    RedisKVStore(redis_url).put(key, KVEntry([t], [t + 1], {"chunk": "late"}))
+    store = RedisKVStore(redis_url)
+    fetch, calls = store._fetch, []
+
+    def missed_first(wire_key):
+        calls.append(wire_key)
+        return None if len(calls) == 1 else fetch(wire_key)
+
+    store._fetch = missed_first
+    entry = store.get_or_lease(key)
+    assert entry is not None and entry.keys[0][0, 0, 0].item() == 7.0
+    assert not redis_server.admin.keys("codekv:*:lease:*")  # the lease it took is freed
+    assert store.stats().hits == 1
+
+
 def test_concurrent_processes_compute_each_chunk_once(redis_url, redis_server):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, redis_url, str(seed)], env=env,
