@@ -18,6 +18,7 @@ from codekv.chunks import (
     ANALYSIS_VERSION,
     CHUNKER_VERSION,
     DEFAULT_BUDGET,
+    LANGUAGE_VERSIONS,
     Anchor,
     Chunk,
     Chunker,
@@ -80,7 +81,8 @@ def chunker_version(counter: CounterSpec, budget: int) -> str:
 def analysis_version(counter: CounterSpec, budget: int) -> str:
     """Everything a blob's stored analysis depends on: its boundaries and what is read from
     its chunks. Stored blobs are keyed by it; a new one analyses every blob again."""
-    return f"{chunker_version(counter, budget)}/{ANALYSIS_VERSION}"
+    languages = "".join(f"/{name}-{v}" for name, v in sorted(LANGUAGE_VERSIONS.items()))
+    return f"{chunker_version(counter, budget)}/{ANALYSIS_VERSION}{languages}"
 
 
 class Analyzer:

@@ -23,6 +23,9 @@ from codekv.grammars import LanguageSpec, definition_name
 # Bump when chunk boundaries change: it is part of every chunk id, so it retires every stored
 # chunk and its cached KV.
 CHUNKER_VERSION = "3"
+# A language's own boundary version, bumped when only its chunking changes: only its chunk ids
+# (and their cached KV) are renewed. go 1: an oversized interface splits into its methods.
+LANGUAGE_VERSIONS = {"go": "1"}
 # Bump when what is read from a chunk changes but not its bytes (anchors, definitions, the
 # outline): every blob is analysed again, and chunk ids (and their cached KV) stay.
 ANALYSIS_VERSION = "2"
@@ -73,6 +76,9 @@ class Chunk:
 
 def chunk_id(blob_hash: str, language: str, start: int, end: int, chunker: str) -> str:
     """Stable identity: the same blob chunked by the same chunker gets the same ids."""
+    version = LANGUAGE_VERSIONS.get(language)
+    if version:
+        chunker = f"{chunker}:{language}-{version}"
     key = f"{blob_hash}:{language}:{start}:{end}:{chunker}".encode()
     return hashlib.sha256(key).hexdigest()[:24]
 
@@ -260,13 +266,13 @@ class Chunker:
         owner = self._owner(kind, qualname, start, end)
         is_class = kind == "class"
         body = definition.child_by_field_name(self.spec.body_field)
+        if body is None and is_class:
+            body = self._listed(definition)
         if self.fits(start, end) or body is None or not body.named_children \
                 or depth >= MAX_DEPTH:
             out.append(_Piece(kind, start, end, name, qualname, parent, owner))
-            if is_class and depth < MAX_DEPTH:
-                members = body if body is not None else self._listed(definition)
-                if members is not None:
-                    self._outline(members, qualname, depth + 1)
+            if is_class and body is not None and depth < MAX_DEPTH:
+                self._outline(body, qualname, depth + 1)
             return
         if is_class:
             # The header (signature, docstring, fields) is the class chunk; members split off.

@@ -1,5 +1,7 @@
 """Go chunks, anchors and package resolution against hand-checked fixtures."""
 
+import hashlib
+
 from codekv.anchors.graph import ModuleResolver
 from codekv.index import Index
 from codekv.tokens import CounterSpec
@@ -87,6 +89,37 @@ def test_interface_methods_are_outlined_and_addressable(analyze, git_repo):
         assert index.resolve("server.go::Server.Serve").start_line == 20
     finally:
         index.close()
+
+
+def test_an_oversized_interface_splits_into_its_methods(analyze):
+    """Like a class over the budget: a header chunk, then one chunk per method it declares."""
+    methods = "".join(f"\t// Op{i} does step {i} of the protocol.\n\tOp{i}(ctx Context, "
+                      f"in *Input{i}) (*Output{i}, error)\n" for i in range(6))
+    source = ("package proto\n\n// Service is the protocol.\ntype Service interface {\n"
+              f"{methods}}}\n")
+    result = analyze("go", source, budget=120)
+    shape = [(c.kind, c.qualname, c.start_line, c.end_line) for c in result.chunks]
+    assert shape == [("module", None, 1, 1), ("class", "Service", 3, 4)] + [
+        ("method", f"Service.Op{i}", 5 + 2 * i, 6 + 2 * i) for i in range(6)]
+    assert all(c.n_tokens <= 120 for c in result.chunks)
+    assert result.chunks[2].text(source.encode()).startswith(b"// Op0 does step 0")
+    whole = analyze("go", source, budget=2000)  # it fits: one chunk, methods outlined
+    assert [c.qualname for c in whole.chunks] == [None, "Service"]
+    assert [o.qualname for o in whole.outline] == ["Service"] + [f"Service.Op{i}"
+                                                                 for i in range(6)]
+
+
+def test_a_language_boundary_version_renews_only_that_languages_ids():
+    from codekv.chunks import LANGUAGE_VERSIONS, chunk_id
+
+    assert "python" not in LANGUAGE_VERSIONS and LANGUAGE_VERSIONS["go"]
+    # Python ids are what they were before languages had versions of their own.
+    key = "0" * 40 + ":python:0:10:3:bytes:512"
+    assert chunk_id("0" * 40, "python", 0, 10, "3:bytes:512") == hashlib.sha256(
+        key.encode()).hexdigest()[:24]
+    go_key = "0" * 40 + ":go:0:10:3:bytes:512"
+    assert chunk_id("0" * 40, "go", 0, 10, "3:bytes:512") != hashlib.sha256(
+        go_key.encode()).hexdigest()[:24]
 
 
 def test_receiver_forms():

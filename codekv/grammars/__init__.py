@@ -59,7 +59,7 @@ class LanguageSpec:
     # their type (Go receivers): the chunk becomes the method ``Owner.name``.
     owner_of: Callable[[object], str | None] | None = field(default=None, compare=False)
     # Where a type lists members that no ``body_field`` holds (the methods of a Go interface):
-    # they are outlined, so ``Type.member`` can be addressed; the type stays one chunk.
+    # its body, as a class's (outlined, split into its members when it is over the budget).
     members_of: Callable[[object], object | None] | None = field(default=None, compare=False)
     # Query files compiled together (TSX reuses TypeScript's); default: the language's own.
     query_files: tuple[str, ...] = ()
@@ -286,7 +286,7 @@ GO = LanguageSpec(
     name="go",
     extensions=(".go",),
     load=_loader("tree_sitter_go"),
-    # ``method_elem``: a method an interface declares (outlined, never a chunk of its own).
+    # ``method_elem``: a method an interface declares.
     function_types=frozenset({"function_declaration", "method_declaration", "method_elem"}),
     class_types=frozenset({"type_declaration"}),
     name_of=_go_name,
