@@ -265,9 +265,7 @@ class Chunker:
         end = node.end_byte
         owner = self._owner(kind, qualname, start, end)
         is_class = kind == "class"
-        body = definition.child_by_field_name(self.spec.body_field)
-        if body is None and is_class:
-            body = self._listed(definition)
+        body = self._body(definition)
         if self.fits(start, end) or body is None or not body.named_children \
                 or depth >= MAX_DEPTH:
             out.append(_Piece(kind, start, end, name, qualname, parent, owner))
@@ -303,9 +301,13 @@ class Chunker:
         holder = _Piece("module", 0, 0, name, qualname, parent, owner)
         self._members(self._segments(body.named_children, depth), holder, out, depth + 1)
 
-    def _listed(self, definition):
-        """Where a type lists members no body field holds (a Go interface's methods)."""
-        return self.spec.members_of(definition) if self.spec.members_of else None
+    def _body(self, definition):
+        """A definition's member or statement list: its body field, else for a type whose
+        members no field holds (a Go interface) what the language's ``members_of`` finds."""
+        body = definition.child_by_field_name(self.spec.body_field)
+        if body is None and self.spec.members_of and definition.type in self.spec.class_types:
+            body = self.spec.members_of(definition)
+        return body
 
     def _outline(self, body, parent, depth) -> None:
         """Outline the members of a class or namespace kept whole in one chunk."""
@@ -314,7 +316,7 @@ class Chunker:
             if definition is not None:
                 kind, _, qualname, _ = self._named(definition, parent)
                 self._owner(kind, qualname, start, node.end_byte)
-                inner = definition.child_by_field_name(self.spec.body_field)
+                inner = self._body(definition)
             elif self._is_namespace(node):
                 inner = self._unwrap(node)
                 name = definition_name(self.spec, inner)
