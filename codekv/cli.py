@@ -420,6 +420,7 @@ def prefill(repo, model, limit, prefix, conditioning, engine, store):
 def support(path, as_json):
     """Where composition runs: each evaluated (engine, family, workload) pair, its verdict and
     rule, and the evidence and held-out runs behind it."""
+    from codekv.eval.report import ci
     from codekv.gate import SupportGate
 
     try:
@@ -438,8 +439,8 @@ def support(path, as_json):
         table.add_row(_pair_name(pair),
                       "[green]composed[/green]" if pair["supported"] else "[red]full prefill[/red]",
                       pair["method"] or (f"closest {pair['closest']}" if pair["closest"] else "-"),
-                      _interval(pair["evidence"]["measured"]),
-                      _interval(held_out["measured"]))
+                      *(ci(m.get("delta_nll"), m.get("delta_nll_ci"), "+.3f")
+                        for m in (pair["evidence"]["measured"], held_out["measured"])))
     wide = Console(width=max(140, console.width))  # the table needs room, even in a pipe
     wide.print(table)
     for pair in pairs:
@@ -450,13 +451,6 @@ def support(path, as_json):
 def _pair_name(pair: dict) -> str:
     engine = "" if pair["engine"] == "transformers" else f" on {pair['engine']}"
     return f"{pair['family']}/{pair['workload']}{engine}"
-
-
-def _interval(measured: dict) -> str:
-    low_high = measured.get("delta_nll_ci")
-    if measured.get("delta_nll") is None or not low_high:
-        return "-"
-    return f"{measured['delta_nll']:+.3f} [{low_high[0]:+.3f}, {low_high[1]:+.3f}]"
 
 
 def _register_eval() -> None:

@@ -60,7 +60,7 @@ class SupportGate:
             out.append({
                 "engine": engine, "family": entry.get("family"),
                 "workload": entry.get("workload"), "supported": verdict.allowed,
-                "reason": entry.get("reason") or verdict.reason if verdict.allowed
+                "reason": (entry.get("reason") or verdict.reason) if verdict.allowed
                 else verdict.reason,
                 "method": entry.get("method"),  # what composes, or what passed its evidence
                 "closest": entry.get("closest"),  # of a failed evaluation

@@ -134,13 +134,12 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
     recorded in the entry's ``held_out`` block, which the gate requires. The caller checks
     beforehand that these tasks are not the evidence's (``codekv.eval.command``).
     """
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    created = _now()
     lines = []
     for entry in document.get("entries", []):
-        if (_pair(entry) != (run["engine"], family, entry.get("workload"))
-                or not evidence_passed(entry)):
-            continue
         candidates = set(evidence_passed(entry))
+        if _pair(entry) != (run["engine"], family, entry.get("workload")) or not candidates:
+            continue
         ours = [r for r in rows
                 if r["workload"] == entry["workload"] and r["method"] in candidates]
         if not ours:
@@ -178,6 +177,10 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
     return lines
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def _measured(row: dict) -> dict:
     return {key: row.get(key) for key in MEASURED_KEYS}
 
@@ -192,7 +195,7 @@ def support_document(entries: list[dict], command: str, model: dict, config: dic
     it. With ``previous`` (the file being replaced) measured on the same model, its entries for
     pairs this run did not evaluate are kept with their own commands, so workloads can be
     evaluated by separate runs; entries of another model are dropped, never mixed in."""
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    created = _now()
     entries = [{**entry, "generated_by": command, "created": created} for entry in entries]
     if previous and _fingerprint(previous.get("model")) == _fingerprint(model):
         evaluated = {_pair(entry) for entry in entries}
