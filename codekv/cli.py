@@ -18,6 +18,7 @@ from codekv.chunks import DEFAULT_BUDGET
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS
 from codekv.gitrepo import MissingBlobError, NotARepositoryError
+from codekv.models import ENGINES, TRANSFORMERS
 from codekv.selection import STRATEGIES
 from codekv.storage import CorruptIndexError
 
@@ -261,15 +262,15 @@ def _conditioning_option(function):
 
 def _backend_option(function):
     return click.option(
-        "--backend", "engine", default="transformers", show_default=True,
-        type=click.Choice(["transformers", "llama.cpp"]),
+        "--backend", "engine", default=TRANSFORMERS, show_default=True,
+        type=click.Choice(ENGINES),
         help="Engine: transformers (PyTorch) or llama.cpp (runs the GGUF as it is; needs the "
              "llamacpp extra).",
     )(function)
 
 
 @contextmanager
-def _composer(repo, store, model, experimental, engine="transformers"):
+def _composer(repo, store, model, experimental, engine=TRANSFORMERS):
     """An up-to-date index of ``repo`` and a Composer over it with the loaded model."""
     from codekv.compose import Composer
     from codekv.models import ModelLoadError, load_backend
@@ -449,7 +450,7 @@ def support(path, as_json):
 
 
 def _pair_name(pair: dict) -> str:
-    engine = "" if pair["engine"] == "transformers" else f" on {pair['engine']}"
+    engine = "" if pair["engine"] == TRANSFORMERS else f" on {pair['engine']}"
     return f"{pair['family']}/{pair['workload']}{engine}"
 
 

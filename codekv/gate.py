@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from codekv.models import TRANSFORMERS  # the engine of entries that name none
+
 SUPPORT_ENV = "CODEKV_SUPPORT"
 # The workloads the gate rules on, by what a request's chunks are.
 WORKLOADS = {"code": "code-qa", "passage": "rag", "tool-doc": "tool-docs"}
-TRANSFORMERS = "transformers"  # the engine of entries that name none
 
 
 @dataclass(frozen=True)

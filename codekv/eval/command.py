@@ -13,6 +13,7 @@ from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES, composition_methods
 from codekv.gate import WORKLOADS
+from codekv.models import ENGINES, TRANSFORMERS
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -107,7 +108,7 @@ def canonical_command(config) -> str:
         parts.append("--no-reorder")
     if config.model:
         parts += ["--model", str(config.model)]
-    if config.backend != "transformers":
+    if config.backend != TRANSFORMERS:
         parts += ["--backend", config.backend]
     return " ".join(parts)
 
@@ -155,8 +156,8 @@ def canonical_command(config) -> str:
 @click.option("--context-tokens", type=int, default=None,
               help="Longest context; a task's is 1/2 to all of it [2048; --quick 512].")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
-@click.option("--backend", "engine", default="transformers", show_default=True,
-              type=click.Choice(["transformers", "llama.cpp"]),
+@click.option("--backend", "engine", default=TRANSFORMERS, show_default=True,
+              type=click.Choice(ENGINES),
               help="Engine to evaluate (its gate entries license that engine only).")
 @click.option("--quick", is_flag=True, help="Few tasks, one ratio, short contexts (minutes).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -326,7 +327,7 @@ def _check_held_out(document: dict | None, config) -> None:
     labels = {m.label for m in composition_methods(config.strategies, config.ratios,
                                                    config.conditioning)}
     entries = [e for e in document["entries"] if e.get("workload") in config.workloads
-               and e.get("backend", "transformers") == config.backend and evidence_passed(e)]
+               and e.get("backend", TRANSFORMERS) == config.backend and evidence_passed(e)]
     if not entries:
         raise SupportFileError("nothing to confirm: no entry for " + ", ".join(config.workloads)
                                + f" on {config.backend} passed its evidence run")

@@ -15,6 +15,7 @@ from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import WORKLOADS, CodeSource, generate
+from codekv.models import TRANSFORMERS
 
 # --quick: few tasks, one ratio, one KV budget, short contexts - minutes on two cores.
 QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,
@@ -229,7 +230,7 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
     pruned = methods.pruning_methods(config.pruning, config.budgets)
     peers = methods.peer_methods(config.peers, config.peer_ratio)
     engine = backend.info.engine
-    if engine != "transformers" and (pruned or peers):
+    if engine != TRANSFORMERS and (pruned or peers):
         notes.append("KV pruning (kvpress) and the peer library (kvboost) run on transformers "
                      f"models only: skipped on {engine}")
         pruned = peers = []
@@ -341,7 +342,7 @@ def _throughput(config: EvalConfig, index, backend, count, own_backend: bool,
     """One agent session per method; each in its own process when the model is ours to load."""
     if index is None or not config.throughput_tasks:
         return []
-    if backend.info.engine != "transformers":
+    if backend.info.engine != TRANSFORMERS:
         notes.append(f"throughput: measured on transformers only, skipped on "
                      f"{backend.info.engine}")
         return []

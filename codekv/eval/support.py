@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from codekv.eval.methods import GATE_STRATEGIES
+from codekv.models import TRANSFORMERS
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
                  "decisive_agreement", "near_ties", "edit_similarity", "score_drop",
@@ -73,7 +74,7 @@ def failures(row: dict, thresholds: Thresholds) -> list[str]:
 
 
 def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresholds(),
-                 model: str | None = None, engine: str = "transformers") -> list[dict]:
+                 model: str | None = None, engine: str = TRANSFORMERS) -> list[dict]:
     """One entry per workload in ``rows``: the verdict for (engine, family, workload)."""
     entries = []
     for workload in dict.fromkeys(r["workload"] for r in rows):
@@ -237,7 +238,7 @@ def _fingerprint(model) -> str | None:
 
 
 def _pair(entry: dict) -> tuple:
-    return (entry.get("backend", "transformers"), entry.get("family"), entry.get("workload"))
+    return (entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload"))
 
 
 def write_json(path: str | Path, data: dict) -> None:
