@@ -46,6 +46,25 @@ def missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+def fake_measure(method, delta, ttft, workload="rag", task="t", status="composed", similarity=80.0,
+             decisive=1.0):
+    """A per-task measure of ``method`` (``rule[+conditioning]@ratio``), plausible elsewhere."""
+    from codekv.eval.runner import Measure
+
+    rule, _, ratio = method.partition("@")
+    strategy, _, conditioning = rule.partition("+")
+    return Measure(
+        workload=workload, task=task, method=method, strategy=strategy,
+        ratio=float(ratio or 0), conditioning=conditioning or "prefix", status=status,
+        nll=1.0 + delta, delta_nll=delta,
+        exact_match=False, kl=0.1, kl_answer=0.2, agreement=0.875, greedy_match=False,
+        decisive_agreement=decisive, decisive_positions=0 if decisive is None else 6,
+        near_ties=2, answer_exact=similarity == 100, edit_similarity=similarity,
+        identifier_f1=0.5, ttft_s=ttft, full_ttft_s=4.0, context_tokens=900, query_tokens=20,
+        answer_tokens=6, recomputed_tokens=0, recompute_ratio=0.0,
+        kind="reference" if method == "full" else "composition")
+
+
 def imported_by(*modules: str) -> set[str]:
     """The modules a fresh interpreter has loaded after importing ``modules``."""
     code = f"import sys, {', '.join(modules)}; print(' '.join(sys.modules))"

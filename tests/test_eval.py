@@ -10,7 +10,7 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import missing
+from conftest import fake_measure, missing
 
 from codekv.cli import main
 from codekv.compose import Composer, Passage
@@ -18,7 +18,6 @@ from codekv.conditioning import CONDITIONINGS
 from codekv.eval import command, markdown, methods, peer, pruning, reuse, runner, workloads
 from codekv.eval.methods import Method
 from codekv.eval.results import ROW_KEYS, aggregate, comparisons
-from codekv.eval.runner import Measure
 from codekv.eval.support import (
     SupportFileError,
     Thresholds,
@@ -569,26 +568,10 @@ def test_the_command_reproduces_peers_and_throughput():
     assert command._peers("none") == () and command._peers("kvboost") == ("kvboost",)
 
 
-def _measure(method, delta, ttft, workload="rag", task="t", status="composed", similarity=80.0,
-             decisive=1.0):
-    rule, _, ratio = method.partition("@")
-    strategy, _, conditioning = rule.partition("+")
-    return Measure(
-        workload=workload, task=task, method=method, strategy=strategy,
-        ratio=float(ratio or 0), conditioning=conditioning or "prefix", status=status,
-        nll=1.0 + delta, delta_nll=delta,
-        exact_match=False, kl=0.1, kl_answer=0.2, agreement=0.875, greedy_match=False,
-        decisive_agreement=decisive, decisive_positions=0 if decisive is None else 6,
-        near_ties=2, answer_exact=similarity == 100, edit_similarity=similarity,
-        identifier_f1=0.5, ttft_s=ttft, full_ttft_s=4.0, context_tokens=900, query_tokens=20,
-        answer_tokens=6, recomputed_tokens=0, recompute_ratio=0.0,
-        kind="reference" if method == "full" else "composition")
-
-
 def test_rows_aggregate_tasks_and_keep_the_schema():
-    measures = [_measure("full", 0.0, 4.0, task="a"), _measure("full", 0.0, 4.0, task="b"),
-                _measure("hybrid@0.15", 0.1, 1.0, task="a", similarity=70.0, decisive=0.5),
-                _measure("hybrid@0.15", -0.3, 3.0, task="b", status="full-prefill",
+    measures = [fake_measure("full", 0.0, 4.0, task="a"), fake_measure("full", 0.0, 4.0, task="b"),
+                fake_measure("hybrid@0.15", 0.1, 1.0, task="a", similarity=70.0, decisive=0.5),
+                fake_measure("hybrid@0.15", -0.3, 3.0, task="b", status="full-prefill",
                          decisive=None)]
     full, hybrid = aggregate(measures)
     assert tuple(hybrid) == ROW_KEYS
@@ -610,12 +593,12 @@ def test_rows_aggregate_tasks_and_keep_the_schema():
 
 
 def test_comparisons_pair_rules_on_the_same_tasks():
-    measures = [_measure(f"{rule}@0.15", delta, 1.0, task=task)
+    measures = [fake_measure(f"{rule}@0.15", delta, 1.0, task=task)
                 for rule, deltas in (("deviation", (0.2, -0.4, 0.3)),
                                      ("query", (0.1, -0.1, 0.2)),
                                      ("boundary", (0.3, 0.3, 0.3)))
                 for task, delta in zip("abc", deltas)]
-    measures.append(_measure("query@0.15", 0.9, 1.0, task="d"))  # no partner: left out
+    measures.append(fake_measure("query@0.15", 0.9, 1.0, task="d"))  # no partner: left out
     found = {(c["strategy"], c["baseline"]): c for c in comparisons(measures)}
     query = found[("query", "deviation")]
     assert query["tasks"] == 3
@@ -628,13 +611,13 @@ def test_comparisons_pair_rules_on_the_same_tasks():
     assert found[("deviation", "boundary")]["difference"] == pytest.approx(0.0)
     assert found[("boundary", "query")]["difference"] == pytest.approx(0.5 / 3)
     # A rule under graph conditioning meets the baselines and itself under the default.
-    measures += [_measure("query+graph@0.15", delta, 1.0, task=task)
+    measures += [fake_measure("query+graph@0.15", delta, 1.0, task=task)
                  for task, delta in zip("abc", (0.05, -0.05, 0.1))]
     found = {(c["strategy"], c["baseline"]): c for c in comparisons(measures)}
     assert {b for s, b in found if s == "query+graph"} == {"deviation", "boundary", "query"}
     assert found[("query+graph", "query")]["difference"] == pytest.approx(-0.2 / 3)
     assert ("query", "query+graph") not in found
-    measures += [_measure("deviation+graph@0.15", 0.1, 1.0, task=task) for task in "abc"]
+    measures += [fake_measure("deviation+graph@0.15", 0.1, 1.0, task=task) for task in "abc"]
     pairs = [(c["strategy"], c["baseline"]) for c in comparisons(measures)]
     assert pairs.count(("deviation+graph", "deviation")) == 1
 
@@ -763,7 +746,7 @@ def test_baselines_without_a_system_prompt_are_skipped_with_one(tiny_backend):
 
 
 def test_markdown_splits_code_qa_by_repository_and_shows_conditioning_costs():
-    measures = [_measure(method, delta, 1.0, workload="code-qa", task=task)
+    measures = [fake_measure(method, delta, 1.0, workload="code-qa", task=task)
                 for method, deltas in (("full", (0, 0, 0, 0)),
                                        ("query@0.15", (0.1, -0.1, 0.4, 0.2)),
                                        ("query+graph@0.15", (0.0, 0.1, 0.2, 0.2)))
@@ -789,8 +772,8 @@ def test_markdown_reads_an_unfinished_runs_checkpoint(tmp_path):
 
     checkpoint = Checkpoint(tmp_path / "run.jsonl", {"tasks": 100})
     for task, delta in (("stdlib/code-qa-0-0", 0.1), ("rich/code-qa-0-1", -0.3)):
-        checkpoint.add(task, [_measure("full", 0.0, 4.0, "code-qa", task),
-                              _measure("query@0.15", delta, 1.0, "code-qa", task)])
+        checkpoint.add(task, [fake_measure("full", 0.0, 4.0, "code-qa", task),
+                              fake_measure("query@0.15", delta, 1.0, "code-qa", task)])
     data = markdown.from_checkpoint(str(tmp_path / "run.jsonl"))
     assert data["command"].startswith("the 2 finished tasks of a checkpoint")
     [query] = [r for r in data["results"] if r["method"] == "query@0.15"]
