@@ -56,10 +56,13 @@ def test_each_cell_shows_its_rule_at_its_ratio():
     assert "| deviation | fail +0.300 / +0.00 / 100.0% / 4.00x | - |" in tables
     assert "| query | pass +0.020 / +0.00 / 100.0% / 4.00x | pass +0.010 / +0.00 / 100.0% / " \
            "4.00x |" in tables
-    assert "Over the grid: query@0.1 meets every threshold." in tables  # the cheaper of two
+    # the cheaper of the two passing cells
+    assert "Over the grid, on these tasks alone: query@0.1 meets every threshold." in tables
     # |query| - |deviation| per task: -0.2, -0.08, -0.28; ratio of means 0.0133 / 0.2.
     assert "| query | -0.187 [-0.280, -0.080] (0.07) | - |" in tables
     assert "against `boundary`" not in tables  # not in the grid
+    only_none = grid.grid_tables(grid.merge([_run({"none": (0.4,) * 3})]))
+    assert "Without a ratio: none" in only_none and "Over the grid" not in only_none
 
 
 def test_the_command_prints_the_grid_or_says_why_not(tmp_path, capsys):
