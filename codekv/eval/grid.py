@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from codekv.eval.checkpoint import measure
+from codekv.eval.markdown import optional, row
 from codekv.eval.report import ci
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, failures, gate_entries
@@ -82,10 +83,10 @@ def _workload_tables(workload: str, rows: list[dict], compared: list[dict],
     rules = list(dict.fromkeys(rule for rule, _ in cells))
     ratios = sorted({ratio for _, ratio in cells})
 
-    def table(cell) -> list[str]:
+    def table(shown) -> list[str]:
         header = ["rule", *(f"{ratio:.0%}" for ratio in ratios)]
-        lines = [_row(header), _row(["---"] * len(header))]
-        lines += [_row([rule, *(cell(rule, ratio) for ratio in ratios)]) for rule in rules]
+        lines = [row(header), row(["---"] * len(header))]
+        lines += [row([rule, *(shown(rule, ratio) for ratio in ratios)]) for rule in rules]
         return lines
 
     out = [f"### {workload}: mean \\|ΔNLL\\| [95% CI]", ""]
@@ -109,25 +110,24 @@ def _workload_tables(workload: str, rows: list[dict], compared: list[dict],
     return out + [""]
 
 
-def _graded(row: dict) -> bool:
+def _graded(result: dict) -> bool:
     """A composition rule run at a ratio (``none`` and the references have none)."""
-    return row["kind"] == "composition" and row["ratio"] > 0
+    return result["kind"] == "composition" and result["ratio"] > 0
 
 
-def _abs(row: dict | None) -> str:
-    return "-" if row is None else ci(row["abs_delta_nll"], row["abs_delta_nll_ci"], ".3f")
+def _abs(cell: dict | None) -> str:
+    return "-" if cell is None else ci(cell["abs_delta_nll"], cell["abs_delta_nll_ci"], ".3f")
 
 
-def _verdict(row: dict | None, thresholds: Thresholds) -> str:
-    if row is None:
+def _verdict(cell: dict | None, thresholds: Thresholds) -> str:
+    if cell is None:
         return "-"
-    decisive = row["decisive_agreement"]
     figures = " / ".join([
-        _upper(row["delta_nll_ci"], "+.3f"), _upper(row["score_drop_ci"], "+.2f"),
-        "-" if decisive is None else f"{decisive:.1%}",
-        "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+        _upper(cell["delta_nll_ci"], "+.3f"), _upper(cell["score_drop_ci"], "+.2f"),
+        optional(cell["decisive_agreement"], ".1%"),
+        "-" if cell["speedup"] is None else f"{cell['speedup']:.2f}x",
     ])
-    return f"{'pass' if not failures(row, thresholds) else 'fail'} {figures}"
+    return f"{'pass' if not failures(cell, thresholds) else 'fail'} {figures}"
 
 
 def _upper(interval, fmt: str) -> str:
@@ -140,10 +140,6 @@ def _difference(pair: dict | None) -> str:
     shown = ci(pair["difference"], pair["difference_ci"], "+.3f")
     ratio = pair["ratio_of_means"]
     return shown if ratio is None else f"{shown} ({ratio:.2f})"
-
-
-def _row(cells) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ from codekv.eval.report import ci
 from codekv.eval.results import mean_ci
 
 
-def _row(cells) -> str:
+def row(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
@@ -32,20 +32,20 @@ def results_tables(data: dict) -> str:
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in data["results"]):
         lines += [f"### {workload}", ""]
-        lines.append(_row(["method", "ratio", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]",
+        lines.append(row(["method", "ratio", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]",
                            "agreement", "decisive agreement", "near-ties",
                            "edit-similarity drop [95% CI]", "KL", "TTFT s", "speedup"]))
-        lines.append(_row(["---"] * 12))
+        lines.append(row(["---"] * 12))
         for r in data["results"]:
             if r["workload"] != workload or _pruning(r) or _peer(r):
                 continue
-            lines.append(_row([
+            lines.append(row([
                 r.get("rule") or r.get("strategy") or r["method"],
                 f"{r['ratio']:.2f}", r["tasks"], ci(r["delta_nll"], r["delta_nll_ci"], "+.3f"),
                 ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"), f"{r['agreement']:.2f}",
-                _optional(r["decisive_agreement"], ".2f"), r["near_ties"],
+                optional(r["decisive_agreement"], ".2f"), r["near_ties"],
                 ci(r["score_drop"], r["score_drop_ci"], "+.1f"), f"{r['kl']:.3f}",
-                f"{r['ttft_s']:.2f}", _optional(r["speedup"], ".2f") + "x",
+                f"{r['ttft_s']:.2f}", optional(r["speedup"], ".2f") + "x",
             ]))
         lines.append("")
     return "\n".join(lines)
@@ -56,14 +56,14 @@ def comparison_tables(data: dict) -> str:
     rows = data.get("comparisons") or []
     if not rows:
         return ""
-    lines = [_row(["workload", "rule", "baseline", "ratio", "tasks", "\\|ΔNLL\\| rule",
+    lines = [row(["workload", "rule", "baseline", "ratio", "tasks", "\\|ΔNLL\\| rule",
                    "\\|ΔNLL\\| baseline", "difference [95% CI]", "rule / baseline"]),
-             _row(["---"] * 9)]
+             row(["---"] * 9)]
     for c in rows:
-        lines.append(_row([c["workload"], c["strategy"], c["baseline"], f"{c['ratio']:g}",
+        lines.append(row([c["workload"], c["strategy"], c["baseline"], f"{c['ratio']:g}",
                            c["tasks"], f"{c['mean']:.3f}", f"{c['baseline_mean']:.3f}",
                            ci(c["difference"], c["difference_ci"], "+.3f"),
-                           _optional(c["ratio_of_means"], ".2f")]))
+                           optional(c["ratio_of_means"], ".2f")]))
     return "\n".join(lines) + "\n"
 
 
@@ -81,12 +81,12 @@ def repository_tables(data: dict) -> str:
     for m in data.get("measures", []):
         if m["task"] in repo_of and m["kind"] in ("composition", "reference"):
             groups.setdefault((repo_of[m["task"]], m["method"]), []).append(m["delta_nll"])
-    lines = [_row(["repository", "method", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]"]),
-             _row(["---"] * 5)]
+    lines = [row(["repository", "method", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]"]),
+             row(["---"] * 5)]
     for (repo, method), deltas in groups.items():
         if method == "full":
             continue
-        lines.append(_row([repo, method, len(deltas), ci(*mean_ci(deltas), "+.3f"),
+        lines.append(row([repo, method, len(deltas), ci(*mean_ci(deltas), "+.3f"),
                            ci(*mean_ci([abs(d) for d in deltas]), ".3f")]))
     return "\n".join(lines) + "\n"
 
@@ -97,17 +97,17 @@ def conditioning_table(data: dict) -> str:
     rows = [r for r in data["results"] if r.get("kind") == "composition"]
     if len({r.get("conditioning") for r in rows}) < 2:
         return ""
-    lines = [_row(["workload", "method", "conditioning", "\\|ΔNLL\\| [95% CI]", "KL",
-                   "offline prefill s/task", "offline tokens/task"]), _row(["---"] * 7)]
+    lines = [row(["workload", "method", "conditioning", "\\|ΔNLL\\| [95% CI]", "KL",
+                   "offline prefill s/task", "offline tokens/task"]), row(["---"] * 7)]
     for r in sorted(rows, key=lambda r: (r["workload"], r["strategy"], r["ratio"])):
-        lines.append(_row([r["workload"], r["method"], r["conditioning"],
+        lines.append(row([r["workload"], r["method"], r["conditioning"],
                            ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"),
                            f"{r['kl']:.3f}", f"{r['offline_prefill_s']:.2f}",
                            f"{r['offline_tokens']:.0f}"]))
     return "\n".join(lines) + "\n"
 
 
-def _optional(value, fmt: str) -> str:
+def optional(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
@@ -117,12 +117,12 @@ def pruning_tables(data: dict) -> str:
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in rows):
         lines += [f"### {workload}: KV pruning at equal budgets", ""]
-        lines.append(_row(["method", "KV budget", "KV kept", "tasks", "ΔNLL", "agreement",
+        lines.append(row(["method", "KV budget", "KV kept", "tasks", "ΔNLL", "agreement",
                            "exact match", "KL", "TTFT s", "speedup"]))
-        lines.append(_row(["---"] * 10))
+        lines.append(row(["---"] * 10))
         for r in rows:
             if r["workload"] == workload:
-                lines.append(_row([
+                lines.append(row([
                     r["strategy"], f"{r['budget']:.0%}", f"{r['kv_kept']:.1%}", r["tasks"],
                     f"{r['delta_nll']:+.3f}", f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}",
                     f"{r['kl']:.3f}", f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
@@ -136,10 +136,10 @@ def peer_table(data: dict) -> str:
     rows = [r for r in data["results"] if _peer(r)]
     if not rows:
         return ""
-    lines = [_row(["workload", "method", "tasks", "reused", "ΔNLL", "agreement", "exact match",
-                   "KL", "TTFT s", "speedup"]), _row(["---"] * 10)]
+    lines = [row(["workload", "method", "tasks", "reused", "ΔNLL", "agreement", "exact match",
+                   "KL", "TTFT s", "speedup"]), row(["---"] * 10)]
     for r in rows:
-        lines.append(_row([
+        lines.append(row([
             r["workload"], r["method"], r["tasks"], f"{1 - r['recompute_ratio']:.0%}",
             f"{r['delta_nll']:+.3f}", f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}",
             f"{r['kl']:.3f}", f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
@@ -152,11 +152,11 @@ def throughput_table(data: dict) -> str:
     rows = data.get("throughput") or []
     if not rows:
         return ""
-    lines = [_row(["method", "requests", "tokens", "seconds", "requests/s", "vs full",
+    lines = [row(["method", "requests", "tokens", "seconds", "requests/s", "vs full",
                    "median TTFT s", "store MiB", "peak RSS MiB (over model)"]),
-             _row(["---"] * 9)]
+             row(["---"] * 9)]
     for r in rows:
-        lines.append(_row([
+        lines.append(row([
             r["method"], r["requests"], r["tokens"], f"{r['seconds']:.1f}",
             f"{r['requests_per_s']:.2f}", f"{r['speedup']:.2f}x", f"{r['median_ttft_s']:.2f}",
             f"{r['store_bytes'] / 2**20:.0f}",
@@ -167,18 +167,18 @@ def throughput_table(data: dict) -> str:
 
 
 def gate_table(data: dict) -> str:
-    lines = [_row(["family", "workload", "verdict", "best / closest", "ΔNLL [95% CI]",
+    lines = [row(["family", "workload", "verdict", "best / closest", "ΔNLL [95% CI]",
                    "decisive agreement", "edit-similarity drop [95% CI]", "speedup"]),
-             _row(["---"] * 8)]
+             row(["---"] * 8)]
     for entry in data.get("gate", []):
         measured = entry.get("measured", {})
-        lines.append(_row([
+        lines.append(row([
             entry["family"], entry["workload"], "pass" if entry["passed"] else "fail",
             entry.get("method") or entry.get("closest") or "-",
             ci(measured.get("delta_nll"), measured.get("delta_nll_ci"), "+.3f"),
-            _optional(measured.get("decisive_agreement"), ".3f"),
+            optional(measured.get("decisive_agreement"), ".3f"),
             ci(measured.get("score_drop"), measured.get("score_drop_ci"), "+.1f"),
-            _optional(measured.get("speedup"), ".2f") + "x",
+            optional(measured.get("speedup"), ".2f") + "x",
         ]))
     return "\n".join(lines)
 
