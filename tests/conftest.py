@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import shutil
@@ -23,11 +24,14 @@ BYTES = CounterSpec("bytes")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def model_cache(tmp_path_factory) -> Path:
-    """One converted model/tokenizer cache per test session: converting the GGUF takes ~20 s."""
-    import os
-
-    path = tmp_path_factory.mktemp("model-cache")
+def model_cache() -> Path:
+    """One converted model/tokenizer cache for every test session: converting the GGUF takes
+    ~20 s. Its entries are keyed by the GGUF's digest and the transformers version (see
+    ``codekv.models``), so a stable directory is safe to reuse across runs;
+    ``$CODEKV_TEST_MODEL_CACHE`` moves it."""
+    path = Path(os.environ.get("CODEKV_TEST_MODEL_CACHE")
+                or Path.home() / ".cache" / "codekv-tests" / "models")
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
     previous = os.environ.get("CODEKV_MODEL_CACHE")
     os.environ["CODEKV_MODEL_CACHE"] = str(path)
     yield path
@@ -37,13 +41,22 @@ def model_cache(tmp_path_factory) -> Path:
         os.environ["CODEKV_MODEL_CACHE"] = previous
 
 
-def missing(reason: str) -> None:
+def missing(reason: str, *, module: bool = False) -> None:
     """A real component a test needs is not here: skip with ``reason`` locally; fail under
-    CI=true, where everything is installed and a skip would hide a broken setup."""
+    CI=true, where everything is installed and a skip would hide a broken setup. ``module``:
+    called at a test module's top level (skips or fails the whole module)."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true, where .ci/run installs it: fails, never skips)",
                     pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=module)
+
+
+def require(module: str, reason: str):
+    """``module`` imported, or ``missing(reason)`` for the whole test module."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        missing(reason, module=True)
 
 
 def fake_measure(method, delta, ttft, workload="rag", task="t", status="composed", similarity=80.0,

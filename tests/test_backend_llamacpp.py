@@ -12,23 +12,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import missing, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
 from codekv.kvstore import LocalKVStore
 
-try:
-    import llama_cpp  # noqa: F401
-except ImportError:
-    if os.environ.get("CI") == "true":
-        raise  # CI installs the llamacpp extra: a missing engine is a failure there
-    pytest.skip("llama-cpp-python is not installed (pip install 'codekv[llamacpp]')",
-                allow_module_level=True)
+require("llama_cpp", "llama-cpp-python is not installed (pip install 'codekv[llamacpp]')")
 
 from test_compose import B2, PREFIX, QUERY, A, B, C  # noqa: E402 - the composer's fixtures
 
@@ -45,9 +39,7 @@ def gguf(package: str, path: str):
     except metadata.PackageNotFoundError:
         found = None
     if found is None or not found.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{package} is not installed (make setup installs it)")
-        pytest.skip(f"{package} is not installed")
+        missing(f"{package} is not installed (make setup installs it)")
     return found
 
 

