@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from codekv import paths
@@ -325,6 +326,8 @@ def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model,
             output["check"] = _check(composer, result, list(chunks), query, prefix)
     if result.report.store_error:
         click.echo(f"codekv: chunk KV store not used: {result.report.store_error}", err=True)
+    if composer.gate.error and not experimental:
+        click.echo(f"codekv: {composer.gate.error}: nothing is composed", err=True)
     if as_json:
         click.echo(json.dumps(_finite(output), allow_nan=False))
         return
@@ -424,29 +427,35 @@ def support(path, as_json):
     from codekv.eval.report import ci
     from codekv.gate import SupportGate
 
-    try:
-        gate = SupportGate.load(path)
-    except (OSError, ValueError) as error:
-        raise click.ClickException(f"cannot read the support file: {error}") from error
+    gate = SupportGate.load(path)
+    if gate.error:
+        raise click.ClickException(gate.error)
     pairs = gate.pairs()
     if as_json:
-        click.echo(json.dumps({"source": gate.source, "pairs": pairs}, allow_nan=False))
+        click.echo(json.dumps(_finite({"source": gate.source, "pairs": pairs}), allow_nan=False))
         return
-    table = Table(title=f"support gate ({gate.source})")
+    table = Table(title=f"support gate ({escape(gate.source)})")
     for name in ("pair", "requests", "rule", "ΔNLL evidence", "ΔNLL held out"):
         table.add_column(name, no_wrap=True)
     for pair in pairs:
         held_out = pair["held_out"] or {"measured": {}}
-        table.add_row(_pair_name(pair),
+        table.add_row(escape(_pair_name(pair)),
                       "[green]composed[/green]" if pair["supported"] else "[red]full prefill[/red]",
-                      pair["method"] or (f"closest {pair['closest']}" if pair["closest"] else "-"),
+                      _rule_shown(pair),
                       *(ci(m.get("delta_nll"), m.get("delta_nll_ci"), "+.3f")
+                        if not pair["problems"] else "-"
                         for m in (pair["evidence"]["measured"], held_out["measured"])))
     wide = Console(width=max(140, console.width))  # the table needs room, even in a pipe
     wide.print(table)
     for pair in pairs:
-        wide.print(f"{_pair_name(pair)}: {pair['reason']}", highlight=False)
+        wide.print(f"{_pair_name(pair)}: {pair['reason']}", highlight=False, markup=False)
     wide.print("Pairs not listed have no evidence: their requests fall back to full prefill.")
+
+
+def _rule_shown(pair: dict) -> str:
+    if pair["problems"]:
+        return "[red]invalid entry[/red]"
+    return escape(pair["method"] or (f"closest {pair['closest']}" if pair["closest"] else "-"))
 
 
 def _pair_name(pair: dict) -> str:

@@ -200,7 +200,7 @@ def test_the_gate_needs_llama_cpp_evidence(tiny_llama, tmp_path):
     assert result.report.fallback_reason == (
         "unsupported: no evidence for llama/rag on llama.cpp (t)")
     licensed = SupportGate([{"backend": "llama.cpp", "family": "llama", "workload": "rag",
-                             "passed": True, "strategy": "boundary",
+                             "passed": True, "strategy": "boundary", "ratio": 0.15,
                              "held_out": {"passed": True}}], "t")
     allowed = composer(tiny_llama, tmp_path, experimental=False, gate=licensed)
     assert allowed.compose([A, B], QUERY, strategy="boundary").status == COMPOSED

@@ -8,11 +8,13 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from conftest import imported_by
 
+import codekv
 from codekv.cli import main
 from codekv.index import INDEX_FILE, Index
 from codekv.tokens import CounterSpec
@@ -50,6 +52,7 @@ if "--slow" in sys.argv:
         put(self, *args)
         time.sleep(0.05)
     codekv.storage.IndexStore.put_analyses = slow_put
+import codekv
 from codekv.cli import main
 main(sys.argv[1:], prog_name="codekv")
 """
@@ -518,3 +521,64 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
     path.write_text("{")
     assert_clean_error(CliRunner().invoke(main, ["support", "--file", str(path)]), 1,
                        "cannot read the support file")
+
+
+def _strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} in the JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_support_shows_an_invalid_entry_and_why(tmp_path, monkeypatch):
+    """An entry the schema refuses is listed as full prefill with its problems, text and JSON,
+    and its NaN measurements never reach the JSON output."""
+    shipped = json.loads((Path(codekv.__file__).parent / "data" / "support.json").read_text())
+    code = shipped["entries"][0]
+    assert code["workload"] == "code-qa" and code["method"] == "query@0.15"
+    code.update(backend="llama.cpp", strategy="deviation")
+    code["measured"]["kl"] = float("nan")
+    path = tmp_path / "support.json"
+    path.write_text(json.dumps(shipped))
+    monkeypatch.setenv("CODEKV_SUPPORT", str(path))
+    data = _strict_json(cli("support", "--json").stdout)
+    pair = data["pairs"][0]
+    assert (pair["engine"], pair["supported"], pair["method"]) == ("llama.cpp", False, None)
+    assert pair["problems"] == [
+        "strategy 'deviation' needs per-token KV deviation, which llama.cpp cannot give",
+        "measured.kl NaN is not a finite number"]
+    assert pair["evidence"]["measured"]["kl"] is None
+    text = " ".join(cli("support").stdout.split())
+    assert "query@0.15" not in text.split("llama/rag")[0]  # the rule column says why instead
+    assert "│ llama/code-qa on llama.cpp │ full prefill │ invalid entry │" in text
+    assert (f"llama/code-qa on llama.cpp: unsupported: the entry for llama/code-qa on llama.cpp "
+            f"in {path} is invalid: strategy 'deviation' needs") in text
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (None, "No such file or directory"), ("dir", "Is a directory"), ("", "the file is empty"),
+    ("{", "not JSON"), ("[]", "it holds a JSON array"),
+])
+def test_a_broken_support_file_is_named_not_replaced(repo, store, tiny_backend, monkeypatch,
+                                                     tmp_path, content, why):
+    """``$CODEKV_SUPPORT`` naming a file that is not a support file: ``support`` is a clear
+    error; ``compose`` falls back to full prefill with the reason (the shipped file, which
+    would compose this request, is not used instead)."""
+    path = tmp_path / "support.json"
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_text(content)
+    monkeypatch.setenv("CODEKV_SUPPORT", str(path))
+    expected = f"cannot read the support file $CODEKV_SUPPORT={path}: "
+    for args in (["support"], ["support", "--json"]):
+        assert_clean_error(cli(*args), 1, expected, why)
+    _compose_backend(monkeypatch, tiny_backend("llama"))
+    result = cli("compose", repo.root, "--store", store, "--chunk", "util.py::helper",
+                 "--query", "what?", "--max-new-tokens", 1, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["report"]
+    assert report["status"] == "full-prefill"
+    assert report["fallback_reason"].startswith("unsupported: " + expected)
+    assert why in report["fallback_reason"]
+    assert f"codekv: {expected}" in result.stderr

@@ -229,6 +229,7 @@ def test_unsupported_without_evidence_falls_back_to_full_prefill(tiny_backend, t
     assert entry_files(tmp_path) == []  # a refused request stores nothing
     assert_exact(result, gated.full_prefill([A, B], QUERY, prefix=PREFIX))
     passed = SupportGate([{"family": "llama", "workload": "rag", "passed": True,
+                           "strategy": "boundary", "ratio": 0.15,
                            "held_out": {"passed": True}}], "test")
     allowed = make_composer(backend, tmp_path, experimental=False, gate=passed)
     assert allowed.compose([A, B], QUERY, strategy="all").status == COMPOSED
