@@ -111,7 +111,10 @@ def scan(
     entries: dict[str, tuple[str, str]] = {}  # path -> (blob hash, origin)
     if not repo.head_is_unborn:
         tree = repo.head.peel(pygit2.Commit).tree
-        _walk(tree, "", entries)
+        submodules: list[str] = []
+        _walk(tree, "", entries, submodules)
+        for path in submodules:  # another repository's commit: its files are not this one's
+            _skip(snapshot, path, "submodule")
     # Status lists only paths that differ from HEAD somewhere: hash what is on disk now.
     for path, flag in repo.status(untracked_files="all", ignored=True).items():
         if flag & pygit2.GIT_STATUS_IGNORED and not include_ignored:
@@ -153,14 +156,17 @@ def _expand(root: Path, path: str) -> list[str]:
     return sorted(p.as_posix() for p in found if ".git" not in p.parts)
 
 
-def _walk(tree: pygit2.Tree, prefix: str, entries: dict) -> None:
+def _walk(tree: pygit2.Tree, prefix: str, entries: dict, submodules: list[str]) -> None:
+    """The tree's files into ``entries``, its submodules' paths into ``submodules``."""
     for entry in tree:
         path = prefix + entry.name
         if entry.type == pygit2.GIT_OBJECT_TREE:
-            _walk(entry, path + "/", entries)
+            _walk(entry, path + "/", entries, submodules)
+        elif entry.filemode == pygit2.GIT_FILEMODE_COMMIT:
+            submodules.append(path)
         elif entry.type == pygit2.GIT_OBJECT_BLOB and entry.filemode != pygit2.GIT_FILEMODE_LINK:
             entries[path] = (str(entry.id), "head")
-        # Submodules (commits) and symlinks are not files of this repository.
+        # Symlinks are not files of this repository.
 
 
 def _skip(snapshot: Snapshot, path: str, reason: str) -> None:

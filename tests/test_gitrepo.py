@@ -274,3 +274,28 @@ def test_nested_repository_is_not_indexed(git_repo):
     # Asked for ignored files: the nested clone's files, but nothing inside its .git.
     with_ignored = sorted(_by_path(gitrepo.scan(git_repo.repo, include_ignored=True)))
     assert with_ignored == [".gitignore", "a.py", "vendor/dep/c.py"]
+
+
+def test_a_submodule_is_skipped_and_said_to_be(git_repo, tmp_path):
+    """A submodule is another repository's commit, not files of this one: not indexed, and
+    counted among the skipped files like the others (the index summary shows it)."""
+    import subprocess
+
+    from conftest import GitRepo
+
+    GitRepo(tmp_path / "dep").commit({"c.py": "z = 1\n"})
+    git_repo.commit({"a.py": "x = 1\n"})
+    git = ["git", "-C", str(git_repo.root), "-c", "protocol.file.allow=always", "-c",
+           "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "submodule", "--quiet", "add", str(tmp_path / "dep"), "vendor/dep"],
+                   check=True)
+    subprocess.run([*git, "commit", "--quiet", "-m", "dep"], check=True)
+    assert git_repo.repo.head.peel(pygit2.Commit).tree["vendor/dep"].filemode == (
+        pygit2.GIT_FILEMODE_COMMIT)
+    snapshot = gitrepo.scan(git_repo.repo)
+    assert sorted(_by_path(snapshot)) == [".gitmodules", "a.py"]
+    assert snapshot.skipped_paths == {"vendor/dep": "submodule"}
+    index = Index(git_repo.root, counter=BYTES)
+    summary = index.update(workers=1)
+    assert (summary.files, summary.skipped) == (3, {"submodule": 1})
+    index.close()
