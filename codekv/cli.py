@@ -273,11 +273,15 @@ def _backend_option(function):
 @contextmanager
 def _composer(repo, store, model, experimental, engine=TRANSFORMERS):
     """An up-to-date index of ``repo`` and a Composer over it with the loaded model."""
-    from codekv.compose import Composer
+    from codekv.compose import Composer, default_scope
     from codekv.models import ModelLoadError, load_backend
 
     store, shared = _split_store(store)
     with _opened_index(repo, store) as idx:
+        try:
+            scope = default_scope(idx)  # a bad $CODEKV_SCOPE is refused before the model loads
+        except paths.SettingError as error:
+            raise click.ClickException(str(error)) from error
         try:
             with console.status("Loading the model..."):
                 backend = load_backend(model, engine=engine)
@@ -286,7 +290,7 @@ def _composer(repo, store, model, experimental, engine=TRANSFORMERS):
         # Indexed after the load (seconds), so files edited meanwhile are read as they are now.
         idx.update()
         kv_store = _kv_store(store, shared)
-        yield idx, Composer(backend, idx, kv_store, experimental=experimental)
+        yield idx, Composer(backend, idx, kv_store, scope=scope, experimental=experimental)
 
 
 @main.command()
@@ -302,7 +306,8 @@ def _composer(repo, store, model, experimental, engine=TRANSFORMERS):
 @click.option("--ratio", type=float, default=None, callback=_share,
               help="Share of chunk tokens to recompute, from 0 to 1 [with a named strategy: "
                    "0.15; with auto: the support file's].")
-@click.option("--max-new-tokens", default=48, show_default=True)
+@click.option("--max-new-tokens", default=48, show_default=True, type=click.IntRange(min=0),
+              help="Tokens to generate after the query.")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
 @click.option("--check", is_flag=True, help="Also run full prefill and compare.")
 @click.option("--experimental", is_flag=True, help="Compose even where the gate has no evidence.")
@@ -319,7 +324,7 @@ def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model,
                                       ratio=ratio, max_new_tokens=max_new_tokens,
                                       conditioning=conditioning)
         except (KeyError, ValueError) as error:
-            raise click.ClickException(str(error).strip("'\"")) from error
+            raise click.ClickException(_message(error)) from error
         answer = result.generate(max_new_tokens)
         output = {"status": result.status, "answer": answer, "report": result.report.as_json()}
         if check:
@@ -335,10 +340,17 @@ def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model,
     console.print(f"[bold]answer[/bold]: {answer}")
     table = Table(show_header=False)
     for key, value in output["report"].items():
-        table.add_row(key, str(value))
+        table.add_row(key, "-" if value is None else str(value))
     for key, value in output.get("check", {}).items():
         table.add_row(f"check.{key}", str(value))
     console.print(table)
+
+
+def _message(error: Exception) -> str:
+    """An error's message as written: ``str`` of a KeyError quotes it, nothing else is cut."""
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])
+    return str(error)
 
 
 def _check(composer, result, chunks, query, prefix) -> dict:
@@ -392,6 +404,8 @@ def prefill(repo, model, limit, prefix, conditioning, engine, store):
     """Fill the chunk KV store for a repository's chunks."""
     from rich.progress import Progress
 
+    from codekv.compose import ChunkTooLongError
+
     with _composer(repo, store, model, experimental=True, engine=engine) as (idx, composer):
         chunks = idx.chunks()[:limit] if limit else idx.chunks()
         computed = cached = too_long = 0
@@ -400,9 +414,11 @@ def prefill(repo, model, limit, prefix, conditioning, engine, store):
             for chunk in chunks:
                 try:
                     made, had = composer.prefill([chunk], prefix, conditioning)
-                except ValueError:  # longer than the model's positions: no request fits it
+                except ChunkTooLongError:  # no request could use its KV
                     too_long += 1
                     made = had = 0
+                except ValueError as error:
+                    raise click.ClickException(f"{chunk.path}: {error}") from error
                 computed, cached = computed + made, cached + had
                 progress.advance(task)
     from codekv.stores import describe

@@ -43,6 +43,10 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NEIGHBOUR_CACHE = 4096  # definitions whose tokens graph conditioning keeps in memory
 
 
+class ChunkTooLongError(ValueError):
+    """A chunk longer than the model's positions: no request could use its KV."""
+
+
 @dataclass(frozen=True)
 class Passage:
     """Free text reused like a chunk: a retrieved passage or a tool's documentation."""
@@ -55,9 +59,11 @@ class Passage:
 @dataclass
 class Report:
     status: str = FULL_PREFILL
-    strategy: str = ""
-    ratio: float = 0.0
-    conditioning: str = ""  # what the chunks' KV was computed after (a composed request)
+    # The rule, its ratio and what the chunks' KV was computed after: a composed request's
+    # (or an exact-prefix one's); a full prefill has none.
+    strategy: str | None = None
+    ratio: float | None = None
+    conditioning: str | None = None
     total_tokens: int = 0
     prefix_tokens: int = 0
     context_tokens: int = 0
@@ -235,6 +241,9 @@ class Composer:
         the composer's for this request.
         """
         started = time.perf_counter()
+        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+            raise ValueError(f"max_new_tokens must be a count of tokens from 0, not "
+                             f"{max_new_tokens!r}")
         if strategy == AUTO and ratio is not None:
             raise ValueError("strategy 'auto' takes its ratio from the support file: name a "
                              "strategy to choose the ratio")
@@ -279,8 +288,9 @@ class Composer:
                 if pieces:
                     self.counters.composed += 1
                 return self._finish(state, report, started)
-        # Fallback: full prefill of exactly the same tokens, with the reason.
+        # Fallback: full prefill of exactly the same tokens, with the reason (and no rule).
         report.fallback_reason = reason
+        report.strategy = report.ratio = report.conditioning = None
         self.counters.full_prefill += 1
         key = reason.split(":")[0]
         self.counters.fallbacks[key] = self.counters.fallbacks.get(key, 0) + 1
@@ -299,7 +309,7 @@ class Composer:
         request = self.build_request(chunks, query, prefix)
         ids = request.context_ids
         report = Report(
-            status=FULL_PREFILL, strategy="full", total_tokens=len(request.token_ids),
+            status=FULL_PREFILL, total_tokens=len(request.token_ids),
             context_tokens=len(ids), query_tokens=len(request.query_ids),
             prefix_tokens=len(request.prefix_ids), recomputed_tokens=len(ids),
             recompute_ratio=1.0 if ids else 0.0, recompute_attention=1.0 if ids else 0.0,
@@ -313,7 +323,7 @@ class Composer:
         the composer's); returns (computed, cached).
 
         A chunk longer than the model's positions (after the prefix) is refused before any is
-        computed: no request could ever use its KV.
+        computed (``ChunkTooLongError``): no request could ever use its KV.
         """
         conditioning = checked_conditioning(conditioning or self.conditioning)
         request = self.build_request(chunks, prefix=prefix)
@@ -324,7 +334,7 @@ class Composer:
             if len(prefix_ids) + len(piece.ids) > limit:
                 what = piece.provenance.get("path") or piece.provenance.get("kind", "passage")
                 name = piece.provenance.get("name")
-                raise ValueError(
+                raise ChunkTooLongError(
                     f"{what}{f' {name!r}' if name else ''} is {len(piece.ids)} tokens"
                     f"{f' after a {len(prefix_ids)}-token prefix' if prefix_ids else ''}: more "
                     f"than the model's {limit} positions, so no request could use its KV"
@@ -620,8 +630,15 @@ def default_scope(index) -> str:
     ``$CODEKV_SCOPE`` names it instead: clones on several machines share a store's entries
     only under one name (their paths differ), and a Redis ACL user is given per scope.
     """
-    if os.environ.get(SCOPE_ENV):
-        return os.environ[SCOPE_ENV]
+    scope = os.environ.get(SCOPE_ENV)
+    if scope:
+        try:
+            scope.encode()
+        except UnicodeEncodeError:
+            raise paths.SettingError(
+                f"{SCOPE_ENV}={os.fsencode(scope)!r} is not UTF-8 text: name the scope in UTF-8 "
+                "(such as team-a)") from None
+        return scope
     if index is None:
         return "default"
     return "repo:" + hashlib.sha256(str(Path(index.root)).encode()).hexdigest()[:16]

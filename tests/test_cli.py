@@ -582,3 +582,72 @@ def test_a_broken_support_file_is_named_not_replaced(repo, store, tiny_backend, 
     assert report["fallback_reason"].startswith("unsupported: " + expected)
     assert why in report["fallback_reason"]
     assert f"codekv: {expected}" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["compose", "prefill"])
+def test_a_scope_that_is_not_utf8_is_refused_before_the_model_loads(repo, store, no_model,
+                                                                    monkeypatch, command):
+    monkeypatch.setenv("CODEKV_SCOPE", os.fsdecode(b"team-\xff\xfe"))
+    args = ["--chunk", "app.py::run", "--query", "q"] if command == "compose" else []
+    result = cli(command, repo.root, "--store", store, *args)
+    assert_clean_error(result, 1, "CODEKV_SCOPE=b'team-\\xff\\xfe' is not UTF-8 text")
+    assert "longer than the model's positions" not in result.output
+
+
+def test_prefill_counts_only_chunks_longer_than_the_model(repo, store, tiny_backend,
+                                                          monkeypatch):
+    """A chunk the model's positions cannot hold is counted as such; the others are stored."""
+    from codekv.compose import Composer
+    from codekv.gate import SupportGate
+
+    backend = tiny_backend("llama", max_position_embeddings=32)
+    _compose_backend(monkeypatch, backend)
+    index_json(repo, store)
+    index = Index(repo.root, store=store, counter=BYTES)
+    composer = Composer(backend, index, store / "kv", gate=SupportGate([], "test"))
+    lengths = [len(composer.build_request([chunk]).pieces[0].ids) for chunk in index.chunks()]
+    index.close()
+    too_long = sum(n > 32 for n in lengths)
+    assert 0 < too_long < len(lengths)
+    result = cli("prefill", repo.root, "--store", store)
+    assert result.exit_code == 0, result.output
+    assert (f"computed {len(lengths) - too_long}, already cached 0, {too_long} longer than the "
+            "model's positions") in " ".join(result.output.split())
+
+
+def test_max_new_tokens_is_a_count(repo, store, no_model):
+    result = cli("compose", repo.root, "--store", store, "--chunk", "app.py::run",
+                 "--query", "q", "--max-new-tokens", -5)
+    assert_clean_error(result, 2, "--max-new-tokens", "-5 is not in the range x>=0")
+
+
+def test_a_full_prefill_report_names_no_rule(repo, store, tiny_backend, monkeypatch, tmp_path):
+    """Without evidence ``auto`` falls back: the report has no strategy, ratio or conditioning
+    (the default rule it would have used is not what ran), in JSON and in the table."""
+    monkeypatch.setenv("CODEKV_SUPPORT", str(tmp_path / "support.json"))
+    (tmp_path / "support.json").write_text(json.dumps({"format": 1, "entries": []}))
+    _compose_backend(monkeypatch, tiny_backend("llama"))
+    args = ["compose", repo.root, "--store", store, "--chunk", "util.py::helper", "--query", "q",
+            "--max-new-tokens", 1]
+    report = json.loads(cli(*args, "--json").stdout)["report"]
+    assert report["status"] == "full-prefill"
+    assert (report["strategy"], report["ratio"], report["conditioning"]) == (None, None, None)
+    assert report["fallback_reason"].startswith("unsupported: no evidence for llama/code-qa")
+    table = " ".join(cli(*args).stdout.split())
+    assert "│ strategy │ - │" in table and "anchors" not in table
+    composed = json.loads(cli(*args, "--json", "--experimental").stdout)["report"]
+    assert (composed["status"], composed["strategy"], composed["ratio"]) == (
+        "composed", "anchors", 0.15)
+
+
+def test_compose_errors_keep_their_quotes(repo, store, tiny_backend, monkeypatch):
+    _compose_backend(monkeypatch, tiny_backend("llama"))
+    index_json(repo, store)
+    result = cli("compose", repo.root, "--store", store, "--chunk", "nosuch.py", "--query", "q")
+    assert_clean_error(result, 1)
+    assert result.output.strip() == ("Error: no indexed file 'nosuch.py' in the address "
+                                     "'nosuch.py'")
+    result = cli("compose", repo.root, "--store", store, "--chunk", "app.py::nosuch",
+                 "--query", "q")
+    assert result.output.strip() == ("Error: no chunk matches 'app.py::nosuch': no definition "
+                                     "'nosuch' in app.py")

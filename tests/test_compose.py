@@ -540,3 +540,20 @@ def test_chunks_after_a_prefix_are_prefilled_after_it(tiny_backend, tmp_path, fa
                     shared.full_prefill([A], QUERY, prefix=PREFIX).next_token_logits()) > TOL
     shared.compose([A], QUERY, prefix="Another system prompt.\n", strategy="none")
     assert len(entry_files(tmp_path / "shared")) == 1
+
+
+def test_a_full_prefill_reports_no_rule_and_generation_is_a_count(tiny_backend, tmp_path):
+    """A fallback, and the reference full prefill, ran no rule: their reports name none (not
+    the rule ``auto`` would have used). A negative number of tokens to generate is refused."""
+    gated = make_composer(tiny_backend("llama"), tmp_path, experimental=False)
+    for result in (gated.compose([A, B], QUERY), gated.compose([A, B], QUERY, strategy="query",
+                                                               ratio=0.3),
+                   gated.full_prefill([A, B], QUERY)):
+        report = result.report
+        assert report.status == FULL_PREFILL
+        assert (report.strategy, report.ratio, report.conditioning) == (None, None, None)
+    composed = make_composer(tiny_backend("llama"), tmp_path).compose([A, B], QUERY,
+                                                                       strategy="query", ratio=0.3)
+    assert (composed.report.strategy, composed.report.ratio) == ("query", 0.3)
+    with pytest.raises(ValueError, match="max_new_tokens must be a count of tokens from 0, not -5"):
+        gated.compose([A, B], QUERY, max_new_tokens=-5)
