@@ -332,7 +332,8 @@ def compose(repo, chunks, query, prefix, strategy, ratio, max_new_tokens, model,
     if result.report.store_error:
         click.echo(f"codekv: chunk KV store not used: {result.report.store_error}", err=True)
     if composer.gate.error and not experimental:
-        click.echo(f"codekv: {composer.gate.error}: nothing is composed", err=True)
+        click.echo(f"codekv: {composer.gate.error} (requests fall back to full prefill)",
+                   err=True)
     if as_json:
         click.echo(json.dumps(_finite(output), allow_nan=False))
         return
