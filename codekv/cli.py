@@ -456,7 +456,7 @@ def support(path, as_json):
         table.add_column(name, no_wrap=True)
     for pair in pairs:
         held_out = pair["held_out"] or {"measured": {}}
-        table.add_row(escape(_pair_name(pair)),
+        table.add_row(escape(pair["pair"]),
                       "[green]composed[/green]" if pair["supported"] else "[red]full prefill[/red]",
                       _rule_shown(pair),
                       *(ci(m.get("delta_nll"), m.get("delta_nll_ci"), "+.3f")
@@ -465,7 +465,7 @@ def support(path, as_json):
     wide = Console(width=max(140, console.width))  # the table needs room, even in a pipe
     wide.print(table)
     for pair in pairs:
-        wide.print(f"{_pair_name(pair)}: {pair['reason']}", highlight=False, markup=False)
+        wide.print(f"{pair['pair']}: {pair['reason']}", highlight=False, markup=False)
     wide.print("Pairs not listed have no evidence: their requests fall back to full prefill.")
 
 
@@ -473,11 +473,6 @@ def _rule_shown(pair: dict) -> str:
     if pair["problems"]:
         return "[red]invalid entry[/red]"
     return escape(pair["method"] or (f"closest {pair['closest']}" if pair["closest"] else "-"))
-
-
-def _pair_name(pair: dict) -> str:
-    engine = "" if pair["engine"] == TRANSFORMERS else f" on {pair['engine']}"
-    return f"{pair['family']}/{pair['workload']}{engine}"
 
 
 def _register_eval() -> None:

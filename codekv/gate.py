@@ -92,16 +92,19 @@ class SupportGate:
         evidence and held-out confirmation came from: what ``codekv support`` shows. An
         invalid entry is listed with its ``problems`` and licenses nothing."""
         out = []
-        for entry, problems in zip(self.entries, self.problems):
+        for number, (entry, problems) in enumerate(zip(self.entries, self.problems), 1):
             fields = entry if isinstance(entry, dict) else {}
             engine = fields.get("backend", TRANSFORMERS)
             held_out = fields.get("held_out") if isinstance(fields.get("held_out"), dict) else {}
+            named = isinstance(fields.get("family"), str) and isinstance(fields.get("workload"),
+                                                                          str)
+            name = _pair_name(fields) if named else f"entry {number}"
             if problems:
-                verdict = self._invalid(_pair_name(fields), problems)
+                verdict = self._invalid(f"the entry for {name}" if named else name, problems)
             else:
                 verdict = self.verdict(fields["family"], fields["workload"], engine)
             out.append({
-                "engine": engine, "family": fields.get("family"),
+                "pair": name, "engine": engine, "family": fields.get("family"),
                 "workload": fields.get("workload"), "supported": verdict.allowed,
                 "reason": (fields.get("reason") or verdict.reason) if verdict.allowed
                 else verdict.reason,
@@ -130,7 +133,7 @@ class SupportGate:
                     and entry.get("backend", TRANSFORMERS) == engine):
                 continue
             if problems:
-                return self._invalid(pair, problems)
+                return self._invalid(f"the entry for {pair}", problems)
             if not entry["passed"]:
                 return Verdict(False, f"unsupported: {pair} failed its evaluation")
             held_out = entry.get("held_out") or {}
@@ -143,8 +146,8 @@ class SupportGate:
                            entry.get("conditioning"))
         return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")
 
-    def _invalid(self, pair: str, problems: list[str]) -> Verdict:
-        return Verdict(False, f"unsupported: the entry for {pair} in {self.source} is invalid: "
+    def _invalid(self, entry: str, problems: list[str]) -> Verdict:
+        return Verdict(False, f"unsupported: {entry} in {self.source} is invalid: "
                               + "; ".join(problems))
 
 

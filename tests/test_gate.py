@@ -135,6 +135,9 @@ def test_entries_that_name_no_pair_are_listed_as_invalid():
                               "passed": True}, LICENSED], "t")
     first, second, third = gate.pairs()
     assert first["problems"] == ["an entry must be an object, not [1]"]
+    assert first["reason"] == ("unsupported: entry 1 in t is invalid: an entry must be an "
+                               "object, not [1]")
+    assert second["pair"] == "llama/chat on vllm" and third["pair"] == "llama/code-qa"
     assert second["problems"] == ["backend \"vllm\" is not one of transformers, llama.cpp",
                                   "workload \"chat\" is not one of code-qa, rag, tool-docs"]
     assert third["supported"] is True  # one bad entry does not spoil the others
