@@ -104,7 +104,7 @@ def main() -> int:
 def measure(backend, index, chunks, args) -> None:
     """Full prefill and each strategy on ``chunks``, side by side on one engine."""
     from codekv.compose import Composer
-    from codekv.kvstore import LocalKVStore
+    from codekv.stores.local import LocalKVStore
 
     store_dir = Path(tempfile.mkdtemp(prefix="codekv-bench-kv-"))
     composer = Composer(backend, index, LocalKVStore(store_dir), experimental=True)

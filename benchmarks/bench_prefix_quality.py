@@ -35,9 +35,9 @@ def main() -> int:
     from codekv.eval import reuse, runner, workloads
     from codekv.eval.methods import Method
     from codekv.index import Index
-    from codekv.kvstore import LocalKVStore
     from codekv.models import load_backend
     from codekv.stdlib_repo import make_stdlib_repo
+    from codekv.stores.local import LocalKVStore
 
     backend = load_backend()
     index = Index(make_stdlib_repo())

@@ -93,7 +93,7 @@ def agent(conn, repo: str, threads: int) -> None:
     from codekv.eval.runner import warm_up
     from codekv.index import Index
     from codekv.models import load_backend
-    from codekv.redisstore import RedisKVStore
+    from codekv.stores.redis_store import RedisKVStore
 
     backend = load_backend()
     index = Index(repo)
@@ -156,10 +156,10 @@ def store_load(repo: str, url: str, target: int, repeats: int) -> dict:
 
     from codekv.compose import Composer
     from codekv.index import Index
-    from codekv.kvstore import LocalKVStore
     from codekv.models import load_backend
-    from codekv.redisstore import RedisKVStore
-    from codekv.stores import TieredKVStore
+    from codekv.stores.local import LocalKVStore
+    from codekv.stores.redis_store import RedisKVStore
+    from codekv.stores.tiered import TieredKVStore
 
     redis.Redis.from_url(url).flushdb()
     backend = load_backend()

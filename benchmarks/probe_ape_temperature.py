@@ -97,8 +97,8 @@ def main() -> int:
     from codekv.eval.methods import Method, split_entry
     from codekv.eval.results import mean_ci
     from codekv.eval.stats import paired_difference
-    from codekv.kvstore import LocalKVStore
     from codekv.models import load_backend
+    from codekv.stores.local import LocalKVStore
 
     if 1.0 not in args.temperatures:
         parser.error("the temperatures must include 1 (the comparison)")

@@ -53,9 +53,8 @@ def _split_store(store) -> tuple[Path | None, str | None]:
 
 def _kv_store(directory: Path | None, shared: str | None):
     """The chunk KV store: ``shared``, else ``$CODEKV_STORE``, else the local one."""
-    from codekv.compose import default_kv_store
     from codekv.paths import home
-    from codekv.stores import STORE_ENV, StoreSpecError
+    from codekv.stores import STORE_ENV, StoreSpecError, default_kv_store
 
     try:
         return default_kv_store(directory or home(), shared)
@@ -231,25 +230,33 @@ def show(repo, target, store, budget):
 def gc(repo, store, budget):
     """Drop index entries no longer reachable from the repository's current snapshot.
 
-    Blobs chunked with another budget (or an older chunker) count as unreachable.
+    Blobs chunked with another budget (or an older chunker) count as unreachable. In the chunk
+    KV store, only the repository's scope is collected, and its entries of blobs that left the
+    snapshot go only where no other codekv home has claimed the scope within a week.
     """
+    from codekv.stores import StoreUnavailable, default_holder, default_scope
+
     store, shared = _split_store(store)
     with _opened_index(repo, store, budget=budget) as idx:
         removed = idx.gc()
         live = {file.blob_hash for file in idx.files()}
         root = idx.root
+        scope = default_scope(idx)
 
     def keep(provenance: dict) -> bool:
-        # Chunk KV of this repository whose blob left the snapshot goes; all else stays.
-        return provenance.get("repository") != root or provenance.get("blob") in live
+        # Chunk KV of this repository whose blob left the snapshot goes; all else stays. An
+        # index that holds no file of the repository (never indexed here) judges nothing.
+        return not live or provenance.get("repository") != root or provenance.get("blob") in live
 
-    from codekv.stores import StoreUnavailable
-
+    kv_store = _kv_store(store, shared)
     try:
-        kv_removed = _kv_store(store, shared).gc(keep)
+        kv_removed, others = kv_store.collect(scope, keep, default_holder(store))
     except StoreUnavailable as error:
         raise click.ClickException(f"chunk KV store: {error}") from error
     console.print(f"removed {removed} unreachable blob entries and {kv_removed} chunk KV files")
+    if others:
+        console.print(f"kept the chunk KV of blobs that left this snapshot: {len(others)} other "
+                      f"codekv home(s) used scope {scope!r} within a week", highlight=False)
 
 
 def _conditioning_option(function):
@@ -273,8 +280,9 @@ def _backend_option(function):
 @contextmanager
 def _composer(repo, store, model, experimental, engine=TRANSFORMERS):
     """An up-to-date index of ``repo`` and a Composer over it with the loaded model."""
-    from codekv.compose import Composer, default_scope
+    from codekv.compose import Composer
     from codekv.models import ModelLoadError, load_backend
+    from codekv.stores import default_scope
 
     store, shared = _split_store(store)
     with _opened_index(repo, store) as idx:
@@ -422,16 +430,13 @@ def prefill(repo, model, limit, prefix, conditioning, engine, store):
                     raise click.ClickException(f"{chunk.path}: {error}") from error
                 computed, cached = computed + made, cached + had
                 progress.advance(task)
-    from codekv.stores import describe
-
-    error = getattr(composer.store, "error", None)
-    if error:
-        click.echo(f"codekv: chunk KV store not used: {error}", err=True)
-    stats = composer.store.stats()
+    if composer.store.error:
+        click.echo(f"codekv: chunk KV store not used: {composer.store.error}", err=True)
+    stats = composer.store.stats(composer.scope)
     refused = f", {too_long} longer than the model's positions" if too_long else ""
     console.print(f"computed {computed}, already cached {cached}{refused}; store "
-                  f"{describe(composer.store)}: {stats.entries} entries, "
-                  f"{stats.bytes / 1e6:.1f} MB")
+                  f"{composer.store.location}: {stats.entries} entries, "
+                  f"{stats.bytes / 1e6:.1f} MB in this scope", highlight=False)
 
 
 @main.command()

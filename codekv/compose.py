@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
 import time
 from collections import OrderedDict
@@ -22,16 +21,16 @@ from pathlib import Path
 
 import torch
 
-from codekv import paths
 from codekv.backends import Backend, RequestState, UnsupportedModel
 from codekv.chunks import Chunk
 from codekv.conditioning import DEFAULT_CONDITIONING, GRAPH_TOKENS
 from codekv.conditioning import checked as checked_conditioning
 from codekv.gate import WORKLOADS, SupportGate
-from codekv.kvstore import KVKey, KVStore, LocalKVStore, token_hash
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
-from codekv.stores import STORE_ENV, describe, open_kv_store
+from codekv.stores import default_holder, default_kv_store, default_scope, open_kv_store
+from codekv.stores.base import KVStore
+from codekv.stores.entry import BadEntry, KVKey, token_hash
 
 EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
 # ``compose(strategy=AUTO)``: the rule the support file records as passing for the workload.
@@ -41,6 +40,7 @@ DEFAULT_STRATEGY, DEFAULT_RATIO = "anchors", 0.15
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NEIGHBOUR_CACHE = 4096  # definitions whose tokens graph conditioning keeps in memory
+CLAIM_REFRESH_S = 3600.0  # a composer renews its claim on its scope at most this often
 
 
 class ChunkTooLongError(ValueError):
@@ -85,6 +85,9 @@ class Report:
     store_hits: int = 0  # chunks whose KV the store served
     store_misses: int = 0  # chunks prefilled because the store had no valid entry
     store_error: str | None = None  # why the store was not used (the request went on without)
+    # Entries found bad on reading (damaged, non-finite values, another layout, dtype or token
+    # count than the request's): deleted, recomputed and replaced; counted in store_misses too.
+    store_rejected: int = 0
 
     def as_json(self) -> dict:
         return dict(self.__dict__)
@@ -205,6 +208,7 @@ class Composer:
         experimental: bool = False,
         conditioning: str = DEFAULT_CONDITIONING,
         graph_tokens: int = GRAPH_TOKENS,
+        holder: str | None = None,
     ):
         self.backend = backend
         self.index = index
@@ -212,6 +216,8 @@ class Composer:
             store = open_kv_store(store)
         self.store = store or default_kv_store()
         self.scope = scope or default_scope(index)
+        self.holder = holder  # this home's name in its claim on the scope (default: made lazily)
+        self._claimed_at = -math.inf
         self.gate = gate or SupportGate.load()
         self.experimental = experimental
         self.conditioning = checked_conditioning(conditioning)
@@ -260,6 +266,7 @@ class Composer:
             strategy, ratio, evidenced = self._supported_rule(pieces)
             conditioning = conditioning or evidenced
         conditioning = conditioning or self.conditioning
+        self._claim()
         report = Report(strategy=strategy, ratio=ratio, conditioning=conditioning)
         selection = make_strategy(strategy)
         context_ids = request.context_ids
@@ -339,6 +346,7 @@ class Composer:
                     f"{f' after a {len(prefix_ids)}-token prefix' if prefix_ids else ''}: more "
                     f"than the model's {limit} positions, so no request could use its KV"
                 )
+        self._claim()
         computed = cached = 0
         for piece in pieces:
             after = self._after(piece, prefix_ids, conditioning)
@@ -416,7 +424,8 @@ class Composer:
         cached = []
         for piece in pieces:
             after = self._after(piece, prefix_ids, conditioning)
-            kv, hit = self._chunk_kv(piece, self._key(piece, after), after)
+            kv, hit, rejected = self._chunk_kv(piece, self._key(piece, after), after)
+            report.store_rejected += rejected
             report.chunk_hits += hit
             report.chunk_misses += not hit
             report.store_hits += hit
@@ -474,8 +483,8 @@ class Composer:
 
     def _finish(self, state, report: Report, started: float) -> ComposeResult:
         report.ttft_s = time.perf_counter() - started
-        report.store = describe(self.store)
-        report.store_error = getattr(self.store, "error", None)
+        report.store = self.store.location
+        report.store_error = self.store.error
         report.timings = {k: round(v, 4) for k, v in report.timings.items()}
         return ComposeResult(report.status, report, state, self.backend)
 
@@ -527,13 +536,37 @@ class Composer:
         return KVKey(self.scope, info.fingerprint, info.tokenizer_fingerprint, identity,
                      token_hash(piece.ids))
 
+    def _claim(self) -> None:
+        """Record in the store that this home uses the scope (at most once an hour): another
+        home's ``gc`` then keeps the scope's entries (``KVStore.collect``)."""
+        now = time.time()
+        if now - self._claimed_at < CLAIM_REFRESH_S:
+            return
+        self._claimed_at = now
+        try:
+            self.store.claim(self.scope, self.holder or default_holder())
+        except OSError as error:  # a read-only store still serves
+            self.counters.store_errors[type(error).__name__] = (
+                self.counters.store_errors.get(type(error).__name__, 0) + 1
+            )
+
     def _chunk_kv(self, piece: RequestPiece, key: KVKey, prefix_ids: list[int]
-                  ) -> tuple[object, bool]:
-        """The chunk's KV in the backend's form, and whether the store had it."""
+                  ) -> tuple[object, bool, int]:
+        """The chunk's KV in the backend's form, whether the store had it, and how many bad
+        entries were found for it (deleted, then computed and stored again)."""
+        corrupt = self.store.corrupt
         # A shared store lets one process compute a missing chunk while the others wait.
-        entry = getattr(self.store, "get_or_lease", self.store.get)(key)
+        entry = self.store.get_or_lease(key)
         if entry is not None:
-            return self.backend.from_entry(entry, len(prefix_ids)), True
+            try:
+                kv = self.backend.from_entry(entry, len(prefix_ids))
+                if kv.n_tokens != len(piece.ids):
+                    raise BadEntry(f"{kv.n_tokens} tokens where the key's have {len(piece.ids)}")
+            except BadEntry:
+                self.store.reject(key)
+            else:
+                return kv, True, self.store.corrupt - corrupt
+        rejected = self.store.corrupt - corrupt
         kv = self.backend.prefill_chunk(piece.ids, prefix_ids)
         self.counters.chunk_prefills += 1
         self.counters.chunk_prefill_tokens += len(prefix_ids) + len(piece.ids)
@@ -549,7 +582,7 @@ class Composer:
             self.counters.store_errors[type(error).__name__] = (
                 self.counters.store_errors.get(type(error).__name__, 0) + 1
             )
-        return kv, False
+        return kv, False, rejected
 
     # -- request pieces ------------------------------------------------------------------
     def _piece(self, item) -> RequestPiece:
@@ -604,44 +637,6 @@ class Composer:
 def query_probe_layers(n_layers: int) -> tuple[int, ...]:
     """Where query-aware rules read the query's attention: every layer of the first half."""
     return tuple(range(max(1, n_layers // 2)))
-
-
-def default_kv_store(root: Path | None = None, spec: str | None = None) -> KVStore:
-    """The chunk KV store under ``root`` (default: the codekv home), LRU-bounded by
-    ``$CODEKV_KV_MAX_BYTES`` (default 20 GiB): fp32 KV of the default model is 45 KiB/token.
-
-    ``spec`` (else ``$CODEKV_STORE``) names a shared store instead, or ``local,<url>`` both.
-    """
-    limit = paths.kv_max_bytes()
-
-    def local() -> LocalKVStore:
-        return LocalKVStore((root or paths.home()) / "kv", max_bytes=limit)
-
-    spec = spec or os.environ.get(STORE_ENV)
-    return open_kv_store(spec, local) if spec else local()
-
-
-SCOPE_ENV = "CODEKV_SCOPE"
-
-
-def default_scope(index) -> str:
-    """One scope per repository: a request only ever sees chunk KV of its own repository.
-
-    ``$CODEKV_SCOPE`` names it instead: clones on several machines share a store's entries
-    only under one name (their paths differ), and a Redis ACL user is given per scope.
-    """
-    scope = os.environ.get(SCOPE_ENV)
-    if scope:
-        try:
-            scope.encode()
-        except UnicodeEncodeError:
-            raise paths.SettingError(
-                f"{SCOPE_ENV}={os.fsencode(scope)!r} is not UTF-8 text: name the scope in UTF-8 "
-                "(such as team-a)") from None
-        return scope
-    if index is None:
-        return "default"
-    return "repo:" + hashlib.sha256(str(Path(index.root)).encode()).hexdigest()[:16]
 
 
 def _byte_to_char(data: bytes):

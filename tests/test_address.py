@@ -12,7 +12,7 @@ from codekv.cli import main
 from codekv.compose import Composer
 from codekv.gate import SupportGate
 from codekv.index import Index
-from codekv.kvstore import LocalKVStore
+from codekv.stores.local import LocalKVStore
 from codekv.tokens import CounterSpec
 
 BYTES = CounterSpec("bytes")

@@ -20,7 +20,7 @@ from conftest import missing, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
-from codekv.kvstore import LocalKVStore
+from codekv.stores.local import LocalKVStore
 
 require("llama_cpp", "llama-cpp-python is not installed (pip install 'codekv[llamacpp]')")
 

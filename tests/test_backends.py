@@ -11,8 +11,8 @@ from codekv.eval import runner
 from codekv.eval.methods import composition_methods
 from codekv.eval.workloads import Task
 from codekv.gate import SupportGate
-from codekv.kvstore import LocalKVStore
 from codekv.selection import STRATEGIES
+from codekv.stores.local import LocalKVStore
 
 DECLARED = {name for name in dir(Backend) if not name.startswith("_")} | set(
     Backend.__annotations__

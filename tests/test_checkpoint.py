@@ -10,7 +10,7 @@ from codekv.compose import Composer, Passage
 from codekv.eval import runner, workloads
 from codekv.eval.checkpoint import Checkpoint, CheckpointMismatch
 from codekv.eval.methods import Method
-from codekv.kvstore import LocalKVStore
+from codekv.stores.local import LocalKVStore
 
 CONFIG = {"tasks": 2, "ratios": [0.15], "seed": 0}
 

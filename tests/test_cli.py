@@ -385,7 +385,7 @@ def test_kv_size_limit_is_checked_at_start_up(repo, store, no_model, monkeypatch
 
 
 def test_kv_size_limit_takes_units(repo, store, monkeypatch):
-    from codekv.compose import default_kv_store
+    from codekv.stores import default_kv_store
 
     monkeypatch.setenv("CODEKV_KV_MAX_BYTES", "20G")
     assert index_json(repo, store)["parsed"] == 2
@@ -414,7 +414,7 @@ def _compose_backend(monkeypatch, backend, before=None):
 def test_compose_reads_a_file_edited_while_the_model_loads(repo, store, tiny_backend, monkeypatch):
     import pygit2
 
-    from codekv.compose import default_kv_store
+    from codekv.stores import default_kv_store
 
     edited = FILES["util.py"].replace("x + 1", "x + 41")
     _compose_backend(monkeypatch, tiny_backend("llama"), lambda: repo.write({"util.py": edited}))

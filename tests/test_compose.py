@@ -14,13 +14,14 @@ import pytest
 import torch
 from conftest import TINY_FAMILIES
 
-from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL, Composer, Passage, default_scope
+from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL, Composer, Passage
 from codekv.conditioning import CONDITIONINGS
 from codekv.gate import SupportGate
 from codekv.index import Index
-from codekv.kvstore import LocalKVStore
 from codekv.selection import STRATEGIES, Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
+from codekv.stores import default_scope
+from codekv.stores.local import LocalKVStore
 from codekv.tokens import CounterSpec
 
 TOL = 1e-4

@@ -5,9 +5,10 @@ from click.testing import CliRunner
 
 import codekv.index
 from codekv.cli import main
-from codekv.compose import Composer, Passage, default_kv_store
+from codekv.compose import Composer, Passage
 from codekv.gate import SupportGate
 from codekv.index import Index
+from codekv.stores import default_kv_store
 from codekv.tokens import CounterSpec
 
 

@@ -31,9 +31,9 @@ from codekv.eval.support import (
 from codekv.eval.tooldocs import COLUMNS, parse_options, tool_docs
 from codekv.gate import SupportGate
 from codekv.index import Index
-from codekv.kvstore import LocalKVStore
 from codekv.selection import STRATEGIES
 from codekv.stdlib_repo import stdlib_dir
+from codekv.stores.local import LocalKVStore
 
 STDLIB_FILES = ("fnmatch.py", "genericpath.py", "glob.py", "posixpath.py", "shlex.py")
 

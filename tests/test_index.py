@@ -279,7 +279,7 @@ def test_other_schema_asks_for_rebuild(git_repo, codekv_home):
 
 def test_the_index_side_loads_nothing_of_the_compose_side():
     """Indexing needs neither torch nor the composer: the sides meet at ``Chunk`` and ``Index``."""
-    compose_side = ("torch", "codekv.compose", "codekv.kvstore", "codekv.gate", "codekv.models",
+    compose_side = ("torch", "codekv.compose", "codekv.stores", "codekv.gate", "codekv.models",
                     "codekv.backends", "codekv.selection", "codekv.eval")
     loaded = imported_by("codekv.index", "codekv.show")
     assert not {m for m in loaded if m.startswith(compose_side)}

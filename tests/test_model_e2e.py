@@ -108,7 +108,7 @@ def test_the_shipped_support_file_decides_what_composes(stdlib_repo, default_bac
     each workload composes with the rule its entry passed, or falls back to full prefill."""
     from codekv.compose import FULL_PREFILL, Passage
     from codekv.gate import SupportGate
-    from codekv.kvstore import LocalKVStore
+    from codekv.stores.local import LocalKVStore
 
     gate = SupportGate.load()
     assert gate.source == "codekv/data/support.json"

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from codekv import paths
-from codekv.compose import default_kv_store
 from codekv.index import Index
-from codekv.kvstore import KVEntry, KVKey
+from codekv.stores import default_kv_store
+from codekv.stores.entry import KVEntry, KVKey
 from codekv.tokens import CounterSpec
 
 BYTES = CounterSpec("bytes")

@@ -14,7 +14,7 @@ from codekv.compose import Composer, Passage
 from codekv.eval import pruning, runner, support, workloads
 from codekv.eval.methods import RULES, Method
 from codekv.index import Index
-from codekv.kvstore import LocalKVStore
+from codekv.stores.local import LocalKVStore
 
 kvpress = pruning.load()
 

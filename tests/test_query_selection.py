@@ -118,7 +118,7 @@ def test_query_anchors_prefers_anchors_the_query_names():
 @pytest.mark.parametrize("name", ["query", "query-cost", "query-anchors"])
 def test_query_rules_compose_exactly_with_a_full_budget(tiny_backend, tmp_path, name):
     from codekv.compose import Composer, Passage
-    from codekv.kvstore import LocalKVStore
+    from codekv.stores.local import LocalKVStore
 
     backend = tiny_backend("llama")
     composer = Composer(backend, store=LocalKVStore(tmp_path / "kv"), experimental=True)

@@ -9,7 +9,7 @@ from codekv.compose import Composer, Passage
 from codekv.eval import runner, workloads
 from codekv.eval.methods import Method
 from codekv.eval.scores import score
-from codekv.kvstore import LocalKVStore
+from codekv.stores.local import LocalKVStore
 
 CONTEXT = [Passage("def area(w, h):\n    return w * h\n", "a"),
            Passage("the quick brown fox jumps over the lazy dog", "b"),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from codekv.kvstore import KVEntry
+    from codekv.stores.entry import KVEntry
 
 
 class UnsupportedModel(Exception):

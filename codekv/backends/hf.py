@@ -24,7 +24,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
-from codekv.kvstore import KVEntry
+from codekv.stores.entry import BadEntry, KVEntry
 
 # Families whose attention is full (no sliding window) with rotate-half RoPE applied to keys
 # after any key normalisation, so a cached key moves exactly by one more rotation.
@@ -214,6 +214,19 @@ class HFBackend:
                        provenance)
 
     def from_entry(self, entry: KVEntry, start: int) -> ChunkKV:
+        """The stored KV on the model's device; raises ``BadEntry`` unless it has this model's
+        layers, KV heads, head size and dtype (the store checked it is one finite layout)."""
+        text_config = self.config.get_text_config()
+        heads = text_config.num_attention_heads
+        kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+        first = entry.keys[0] if entry.keys else None
+        if (len(entry.keys) != self.info.n_layers or first.dtype != self.dtype
+                or first.shape[0] != kv_heads or first.shape[2] != head_dim
+                or entry.values[0].shape[2] != head_dim):
+            shape = None if first is None else (tuple(first.shape), str(first.dtype))
+            raise BadEntry(f"KV of {len(entry.keys)} layers of {shape}, not this model's "
+                           f"{self.info.n_layers} of [{kv_heads}, n, {head_dim}] {self.dtype}")
         # The store reads onto the CPU; the model may live on an accelerator.
         return ChunkKV([k.to(self.device) for k in entry.keys],
                        [v.to(self.device) for v in entry.values], start)

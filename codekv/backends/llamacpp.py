@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
-from codekv.kvstore import KVEntry
+from codekv.stores.entry import BadEntry, KVEntry
 from codekv.tokens import file_digest
 
 ENGINE = "llama.cpp"
@@ -346,14 +346,21 @@ class LlamaCppBackend:
         return KVEntry([blob], [torch.empty((1, 1, 0), dtype=torch.uint8)], provenance)
 
     def from_entry(self, entry: KVEntry, start: int) -> SequenceState:
+        """The stored state; raises ``BadEntry`` for one this context must not restore (another
+        build, model or KV type, not a state, or without its token count and position)."""
         if entry.provenance.get("llama_cpp") != self._identity:
-            raise UnsupportedModel("a chunk state from another llama.cpp build, model or KV "
-                                   "type is never restored")
+            raise BadEntry("a chunk state from another llama.cpp build, model or KV type is "
+                           "never restored")
+        if len(entry.keys) != 1:
+            raise BadEntry("not a llama.cpp sequence state")
         (blob,) = entry.keys
-        if blob.dtype != torch.uint8 or blob.shape[:2] != (1, 1):
-            raise UnsupportedModel("not a llama.cpp sequence state")
-        return SequenceState(blob.reshape(-1).numpy(), int(entry.provenance["n_tokens"]),
-                             int(entry.provenance["saved_at"]), start)
+        if blob.dtype != torch.uint8 or blob.shape[:2] != (1, 1) or not blob.shape[2]:
+            raise BadEntry("not a llama.cpp sequence state")
+        n_tokens, saved_at = (entry.provenance.get(k) for k in ("n_tokens", "saved_at"))
+        if not (_count(n_tokens) and n_tokens > 0 and _count(saved_at)):
+            raise BadEntry(f"a llama.cpp state needs n_tokens >= 1 and saved_at >= 0, not "
+                           f"{n_tokens!r} and {saved_at!r}")
+        return SequenceState(blob.reshape(-1).numpy(), n_tokens, saved_at, start)
 
     def kv_deviation(self, token_ids: list[int], context) -> torch.Tensor:
         raise UnsupportedModel(DEVIATION_REFUSAL)
@@ -482,3 +489,6 @@ def _model_desc(L, model) -> str:
     return buf.value.decode()
 
 
+def _count(value) -> bool:
+    """A JSON integer >= 0 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

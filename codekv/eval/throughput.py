@@ -63,7 +63,7 @@ def serve(backend, index, requests: list[list], strategy: str, ratio: float,
           scope: str) -> dict:
     """Serve the session in order from a new, empty chunk store; the store is removed after."""
     from codekv.compose import Composer
-    from codekv.kvstore import LocalKVStore
+    from codekv.stores.local import LocalKVStore
 
     directory = Path(tempfile.mkdtemp(prefix="codekv-eval-throughput-"))
     try:

@@ -23,9 +23,6 @@ from codekv.kvstore import KVEntry, KVKey, LocalKVStore, decode_bytes, header_me
 
 require("redis", "the redis client is not installed (the 'shared' extra)")
 
-from redis.crc import key_slot  # noqa: E402
-from redis.exceptions import NoPermissionError  # noqa: E402
-
 from codekv.redisstore import (  # noqa: E402
     RedisKVStore,
     key_pattern,
@@ -33,6 +30,9 @@ from codekv.redisstore import (  # noqa: E402
     scope_tag,
     scope_user_rules,
 )
+from redis.crc import key_slot  # noqa: E402
+from redis.exceptions import NoPermissionError  # noqa: E402
+
 from codekv.stores import (  # noqa: E402
     StoreSpecError,
     StoreUnavailable,
@@ -276,7 +276,7 @@ WORKER = textwrap.dedent(
     """
     import random, sys, time, torch
     from codekv.kvstore import KVEntry, KVKey, token_hash
-    from codekv.redisstore import RedisKVStore
+    from codekv.stores.redis_store import RedisKVStore
     url, seed = sys.argv[1], int(sys.argv[2])
     store = RedisKVStore(url)
     chunks = [f"c{i}" for i in range(6)]
@@ -437,7 +437,7 @@ def test_codekv_store_names_the_default_store(redis_url, monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     from codekv.cli import main
-    from codekv.compose import default_kv_store
+    from codekv.stores import default_kv_store
 
     monkeypatch.setenv("CODEKV_STORE", redis_url)
     assert isinstance(default_kv_store(), RedisKVStore)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from codekv.kvstore import KVEntry, KVKey, KVStore, LocalKVStore, encode_entry, token_hash
 
 from codekv import kvstore
-from codekv.kvstore import KVEntry, KVKey, KVStore, LocalKVStore, encode_entry, token_hash
 
 LAYERS = 3
 
@@ -71,7 +71,7 @@ def new_store(request, tmp_path):
     def make(max_bytes: int | None = None):
         if request.param == "local":
             return LocalKVStore(tmp_path / "kv", max_bytes=max_bytes)
-        from codekv.redisstore import RedisKVStore
+        from codekv.stores.redis_store import RedisKVStore
 
         return RedisKVStore(request.getfixturevalue("redis_url"), max_bytes=max_bytes)
 

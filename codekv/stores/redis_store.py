@@ -7,12 +7,14 @@ Cluster slot and one ACL key pattern (``~codekv:{<scope>}:*``)::
                                       (safetensors, key fields, provenance, xxh3-128 checksum)
     codekv:{<scope>}:lru              sorted set: digest -> last access, for ``evict``
     codekv:{<scope>}:lease:<digest>   a short lease: one process computes a missing chunk
+    codekv:{<scope>}:claims           hash: holder (a codekv home) -> when it last used the scope
 
 A scope made of other characters than ``[A-Za-z0-9._:-]`` (or longer than 128) is named by its
 sha256 (``#<hex>``), which no plain scope can spell. An entry is one ``SET NX`` of one value,
 so it appears whole or not at all and is never overwritten; every read is verified like a local
-file, and a damaged or wrong-key value is deleted (only while it still holds the same bytes)
-and reported as a miss, so the caller recomputes.
+file, and a damaged, forged or wrong-key value - or a key holding another Redis type - is
+deleted (only while it still holds what failed) and reported as a miss, so the caller
+recomputes.
 
 Failures - the server unreachable, a timeout, a connection killed mid-request, an ACL refusal -
 never raise out of ``get``, ``put`` or ``contains``: the store answers a miss, records why in
@@ -33,13 +35,14 @@ from dataclasses import replace
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import redis
-import torch
 from redis.backoff import NoBackoff
-from redis.exceptions import NoPermissionError, RedisError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from redis.retry import Retry
 
-from codekv.kvstore import (
+from codekv.stores.base import KVStore, StoreSpecError, StoreUnavailable
+from codekv.stores.entry import (
     FORMAT_VERSION,
+    CorruptEntry,
     KVEntry,
     KVKey,
     StoreStats,
@@ -50,16 +53,14 @@ from codekv.kvstore import (
     header_length,
     header_meta,
 )
-from codekv.stores import KV_DTYPES_NAMES, StoreUnavailable
+from codekv.stores.urls import check_redis_url, mask_credentials, public_url
 
-SCHEMES = ("redis", "rediss")
 TIMEOUT_S = 5.0  # per socket read or write; a 4K-token request's largest chunk is ~25 MB
 CONNECT_TIMEOUT_S = 1.0
 LEASE_S = 30.0  # a chunk prefill on a CPU takes seconds; a dead holder delays others this long
 RETRY_AFTER_S = 30.0
 _POLL_S = 0.02
 _STORED_FROM = "codekv.kv_dtype_of"  # provenance of a 16-bit entry: the dtype it came from
-KV_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES_NAMES}
 # Unreachable, timed out, killed mid-request, refused - and whatever a broken server or proxy
 # makes the client raise (a malformed handshake reply is an AttributeError): a request never
 # fails because the shared store did.
@@ -70,6 +71,11 @@ _PLAIN_SCOPE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _DELETE_IF_SAME = """
 local value = redis.call('GET', KEYS[1])
 if value and redis.sha1hex(value) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# Delete a key that holds another Redis type than a string: never an entry, whoever wrote it.
+_DELETE_IF_NOT_STRING = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'string' then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -86,12 +92,14 @@ def key_pattern(scope: str) -> str:
     return f"codekv:{{{scope_tag(scope)}}}:*"
 
 
-# What a scope's user may run: the store's reads, writes and leases, on its own keys only.
-# No SCAN or KEYS (key names of other scopes stay hidden): maintenance (``gc``, ``evict``,
-# ``stats``) runs as an administrator.
-SCOPE_USER_COMMANDS = ("-@all", "+get", "+set", "+exists", "+del", "+strlen", "+getrange",
-                       "+zadd", "+zrem", "+zscore", "+zrange", "+evalsha", "+script|load",
-                       "+multi", "+exec", "+discard", "+ping", "+hello", "+client|setname")
+# What a scope's user may run: the store's reads, writes, leases and claims, on its own keys
+# only. No SCAN or KEYS (key names of other scopes stay hidden): its ``gc`` and ``stats`` of its
+# scope walk the scope's LRU record instead; ``evict`` and those of every scope run as an
+# administrator.
+SCOPE_USER_COMMANDS = ("-@all", "+get", "+set", "+exists", "+del", "+type", "+strlen",
+                       "+getrange", "+zadd", "+zrem", "+zscore", "+zrange", "+hset", "+hgetall",
+                       "+evalsha", "+script|load", "+multi", "+exec", "+discard", "+ping",
+                       "+hello", "+client|setname")
 
 
 def scope_user_rules(password: str, scope: str) -> list[str]:
@@ -100,39 +108,25 @@ def scope_user_rules(password: str, scope: str) -> list[str]:
             *SCOPE_USER_COMMANDS]
 
 
-def public_url(url: str) -> str:
-    """``url`` without user, password or query: what reports and logs may show."""
-    parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    if ":" in host:
-        host = f"[{host}]"
-    port = parts.port or 6379
-    db = parts.path.strip("/") or "0"
-    return f"{parts.scheme}://{host}:{port}/{db}"
-
-
-class RedisKVStore:
+class RedisKVStore(KVStore):
     """A KVStore on a Redis (or Valkey) server, shared by every process that names its URL."""
 
     def __init__(self, url: str, max_bytes: int | None = None, *, lease_s: float = LEASE_S,
                  retry_after_s: float = RETRY_AFTER_S):
+        check_redis_url(url)  # raises StoreSpecError, credentials masked
         parts = urlsplit(url)
-        if parts.scheme not in SCHEMES:
-            raise ValueError(f"not a Redis URL: {public_url(url)} (use redis:// or rediss://)")
         query = parse_qs(parts.query)
         self.kv_dtype = query.pop("kv_dtype", [None])[0]  # 16-bit values on the wire
-        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}")
         client_url = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
         try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
             self._client = redis.Redis.from_url(
                 client_url, socket_timeout=TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S,
                 retry=Retry(NoBackoff(), 0),  # one bounded try: a fallback beats a wait
                 client_name="codekv",
             )
         except ValueError as error:
-            raise ValueError(f"bad Redis URL {public_url(url)}: {error}") from error
+            raise StoreSpecError(f"bad Redis URL {mask_credentials(url)}: "
+                                 f"{mask_credentials(str(error))}") from error
         if max_bytes is not None and max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
         self.url = public_url(url) + (f"?kv_dtype={self.kv_dtype}" if self.kv_dtype else "")
@@ -147,11 +141,21 @@ class RedisKVStore:
         self._last_stamp = 0
         self._leases: set[str] = set()
         self._delete_if_same = self._client.register_script(_DELETE_IF_SAME)
+        self._delete_if_not_string = self._client.register_script(_DELETE_IF_NOT_STRING)
 
     def __repr__(self) -> str:
         return f"RedisKVStore({self.url!r})"
 
     # -- public API -------------------------------------------------------------------------
+
+    @property
+    def location(self) -> str:
+        """The URL without user, password or query (with ``?kv_dtype=`` when set)."""
+        return self.url
+
+    @property
+    def corrupt(self) -> int:
+        return self._corrupt
 
     def get(self, key: KVKey) -> KVEntry | None:
         """The entry for ``key`` or None; never raises (a failure is a miss, see ``error``)."""
@@ -238,11 +242,21 @@ class RedisKVStore:
         self.error = None
         return found
 
-    def stats(self) -> StoreStats:
-        """Entries and bytes of every scope this client may scan (none while unreachable)."""
+    def reject(self, key: KVKey) -> None:
+        key = self._wire_key(key)
         try:
-            with self._maintenance("stats"):
-                sizes = self._sizes(self._scan("codekv:{*}:e:*"))
+            self._delete(self._entry_key(key))
+        except _FAILURES as error:
+            self._fail(error, key.scope)
+            return
+        self._corrupt += 1
+
+    def stats(self, scope: str | None = None) -> StoreStats:
+        """Entries and bytes of ``scope``, else of every scope this client may scan (none
+        while unreachable)."""
+        try:
+            with self._maintenance("stats", scope or "*"):
+                sizes = self._sizes(self._entry_names(scope))
         except StoreUnavailable:
             sizes = {}
         return StoreStats(entries=len(sizes), bytes=sum(sizes.values()), hits=self._hits,
@@ -272,16 +286,17 @@ class RedisKVStore:
             total -= sizes[name]
         return removed
 
-    def gc(self, keep: Callable[[dict], bool] | None = None, *,
+    def gc(self, keep: Callable[[dict], bool] | None = None, *, scope: str | None = None,
            stale_after_s: float = 3600.0) -> int:
-        """Remove entries of another format version, unreadable ones and, with ``keep``, those
-        whose provenance fails it; drop LRU records of entries the server evicted.
+        """Remove entries of another format version, unreadable ones (a key of another Redis
+        type included) and, with ``keep``, those whose provenance fails it; drop LRU records of
+        entries the server evicted. Only in ``scope`` when given.
 
         Leases expire on their own (``stale_after_s`` is the local store's notion). Returns the
         number of entries removed.
         """
-        with self._maintenance("gc"):
-            return self._gc(keep)
+        with self._maintenance("gc", scope or "*"):
+            return self._gc(keep, scope)
 
     def _delete(self, name: str) -> int:
         """Delete an entry and its LRU record together; 1 if the entry was there."""
@@ -292,10 +307,18 @@ class RedisKVStore:
             deleted, _ = pipe.execute()
         return deleted
 
-    def _gc(self, keep: Callable[[dict], bool] | None) -> int:
+    def _gc(self, keep: Callable[[dict], bool] | None, scope: str | None) -> int:
         removed = 0
-        for name in self._scan("codekv:{*}:e:*"):
-            meta = self._meta(name)
+        for name in self._entry_names(scope):
+            try:
+                meta = self._meta(name)
+            except ResponseError as error:
+                if not _wrong_type(error):
+                    raise
+                self._corrupt += 1
+                removed += self._delete_if_not_string(keys=[name])
+                self._client.zrem(*_lru_and_digest(name))
+                continue
             provenance = entry_provenance(meta) if meta is not None else None
             if meta is None or entry_format(meta) != FORMAT_VERSION:
                 gone = True
@@ -306,7 +329,8 @@ class RedisKVStore:
                 gone = provenance is None or not keep(provenance)
             if gone:
                 removed += self._delete(name)
-        for lru in self._scan("codekv:{*}:lru"):
+        lrus = [self._lru_key(scope)] if scope is not None else self._scan("codekv:{*}:lru")
+        for lru in lrus:
             prefix = lru[: -len("lru")]
             digests = [d.decode() for d in self._client.zrange(lru, 0, -1)]
             with self._client.pipeline(transaction=False) as pipe:
@@ -330,7 +354,37 @@ class RedisKVStore:
             self._client.delete(*names[start : start + 512])
         return entries
 
+    def claim(self, scope: str, holder: str) -> None:
+        """Never fails a request: a refusal is recorded in ``error``, the store stays on."""
+        if self._off():
+            return
+        try:
+            self._client.hset(self._claims_key(scope), holder, repr(time.time()))
+        except _FAILURES as error:
+            self.error = f"{self.url}: claim of scope {scope!r} failed: {_described(error)}"
+
+    def claims(self, scope: str) -> dict[str, float]:
+        with self._maintenance("claims", scope):
+            found = self._client.hgetall(self._claims_key(scope))
+        claims = {}
+        for holder, at in found.items():
+            try:
+                claims[holder.decode()] = float(at)
+            except (UnicodeDecodeError, ValueError):
+                continue  # not a claim codekv wrote: it keeps nothing
+        return claims
+
     # -- internals --------------------------------------------------------------------------
+
+    def _entry_names(self, scope: str | None) -> list[str]:
+        """The entry keys of ``scope`` (else of every scope this client may scan)."""
+        if scope is None:
+            return list(self._scan("codekv:{*}:e:*"))
+        try:
+            return list(self._scan(f"codekv:{{{scope_tag(scope)}}}:e:*"))
+        except NoPermissionError:  # a scope's user may not SCAN: its LRU record names them
+            prefix = f"codekv:{{{scope_tag(scope)}}}:e:"
+            return [prefix + d.decode() for d in self._client.zrange(self._lru_key(scope), 0, -1)]
 
     def _fetch(self, key: KVKey) -> KVEntry | None:
         if self._off():
@@ -342,6 +396,13 @@ class RedisKVStore:
                 pipe.zadd(self._lru_key(key.scope), {key.digest(): self._stamp()}, xx=True)
                 data, _ = pipe.execute()
         except _FAILURES as error:
+            if _wrong_type(error):  # not an entry, whoever wrote it: a bad entry, not an outage
+                self._corrupt += 1
+                try:
+                    self._delete_if_not_string(keys=[name])
+                except _FAILURES as failure:
+                    self._fail(failure, key.scope)
+                return None
             self._fail(error, key.scope)
             return None
         self.error = None
@@ -377,11 +438,12 @@ class RedisKVStore:
     def _fail(self, error: Exception, scope: str) -> None:
         """Record why the store failed and stop using it for ``retry_after_s``."""
         if isinstance(error, NoPermissionError):
-            self.error = (f"{self.url}: Redis user {self.user!r} may not use scope {scope!r} "
-                          f"(keys {key_pattern(scope)}): NOPERM; ask for an ACL user of this "
-                          "scope")
+            where = "every scope (an administrator's job)" if scope == "*" else \
+                f"scope {scope!r} (keys {key_pattern(scope)})"
+            self.error = (f"{self.url}: Redis user {self.user!r} may not use {where}: NOPERM; "
+                          "ask for an ACL user of this scope")
         else:
-            self.error = f"{self.url} failed: {type(error).__name__}: {error}"
+            self.error = f"{self.url} failed: {_described(error)}"
         self._off_until = time.monotonic() + self.retry_after_s
 
     def _stamp(self) -> int:
@@ -396,9 +458,11 @@ class RedisKVStore:
 
     def _narrowed(self, entry: KVEntry) -> KVEntry:
         """``entry`` in ``kv_dtype`` (its own dtype recorded), unless a value would not fit."""
+        import torch
+
         if self.kv_dtype is None:
             return entry
-        wire = KV_DTYPES[self.kv_dtype]
+        wire = getattr(torch, self.kv_dtype)
         tensors = entry.keys + entry.values
         if any(not t.is_floating_point() or t.dtype == wire for t in tensors):
             return entry
@@ -415,6 +479,9 @@ class RedisKVStore:
     def _lru_key(self, scope: str) -> str:
         return f"codekv:{{{scope_tag(scope)}}}:lru"
 
+    def _claims_key(self, scope: str) -> str:
+        return f"codekv:{{{scope_tag(scope)}}}:claims"
+
     def _lease_key(self, key: KVKey) -> str:
         return f"codekv:{{{scope_tag(key.scope)}}}:lease:{key.digest()}"
 
@@ -423,11 +490,16 @@ class RedisKVStore:
             yield name.decode()
 
     def _sizes(self, names) -> dict[str, int]:
+        """Sizes of the entries among ``names`` (a key of another type is none)."""
         names = list(names)
         with self._client.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.strlen(name)
-            return {n: size for n, size in zip(names, pipe.execute()) if size}
+            sizes = pipe.execute(raise_on_error=False)
+        for size in sizes:
+            if isinstance(size, Exception) and not _wrong_type(size):
+                raise size
+        return {n: size for n, size in zip(names, sizes) if isinstance(size, int) and size}
 
     def _meta(self, name: str) -> dict | None:
         prefix = self._client.getrange(name, 0, 7)
@@ -439,10 +511,14 @@ class RedisKVStore:
 
 def _widened(entry: KVEntry) -> KVEntry:
     """A 16-bit entry back in the dtype it was computed in (the caller's model dtype)."""
+    import torch
+
     original = entry.provenance.pop(_STORED_FROM, None)
     if original is None:
         return entry
-    dtype = getattr(torch, original)
+    dtype = getattr(torch, original, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise CorruptEntry(f"{_STORED_FROM} names no floating dtype: {original!r}")
     return KVEntry([k.to(dtype) for k in entry.keys], [v.to(dtype) for v in entry.values],
                    entry.provenance)
 
@@ -450,3 +526,12 @@ def _widened(entry: KVEntry) -> KVEntry:
 def _lru_and_digest(entry_name: str) -> tuple[str, str]:
     prefix, _, digest = entry_name.rpartition(":e:")
     return f"{prefix}:lru", digest
+
+
+def _wrong_type(error: Exception) -> bool:
+    """A command met a key of another Redis type: a planted value, not a failing server."""
+    return isinstance(error, ResponseError) and str(error).startswith("WRONGTYPE")
+
+
+def _described(error: Exception) -> str:
+    return f"{type(error).__name__}: {mask_credentials(str(error))}"
