@@ -242,6 +242,7 @@ def gc(repo, store, budget):
         live = {file.blob_hash for file in idx.files()}
         root = idx.root
         scope = default_scope(idx)
+        holder = default_holder(idx.store_dir)
 
     def keep(provenance: dict) -> bool:
         # Chunk KV of this repository whose blob left the snapshot goes; all else stays. An
@@ -250,7 +251,7 @@ def gc(repo, store, budget):
 
     kv_store = _kv_store(store, shared)
     try:
-        kv_removed, others = kv_store.collect(scope, keep, default_holder(store))
+        kv_removed, others = kv_store.collect(scope, keep, holder)
     except StoreUnavailable as error:
         raise click.ClickException(f"chunk KV store: {error}") from error
     console.print(f"removed {removed} unreachable blob entries and {kv_removed} chunk KV files")

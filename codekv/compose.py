@@ -86,7 +86,8 @@ class Report:
     store_misses: int = 0  # chunks prefilled because the store had no valid entry
     store_error: str | None = None  # why the store was not used (the request went on without)
     # Entries found bad on reading (damaged, non-finite values, another layout, dtype or token
-    # count than the request's): deleted, recomputed and replaced; counted in store_misses too.
+    # count than the request's): deleted, then recomputed and replaced (counted in
+    # store_misses too) or, where a local copy was bad, served from the shared store.
     store_rejected: int = 0
 
     def as_json(self) -> dict:
@@ -216,7 +217,8 @@ class Composer:
             store = open_kv_store(store)
         self.store = store or default_kv_store()
         self.scope = scope or default_scope(index)
-        self.holder = holder  # this home's name in its claim on the scope (default: made lazily)
+        # This home's name in its claim on the scope; default: the index's home's (made lazily).
+        self.holder = holder
         self._claimed_at = -math.inf
         self.gate = gate or SupportGate.load()
         self.experimental = experimental
@@ -424,8 +426,7 @@ class Composer:
         cached = []
         for piece in pieces:
             after = self._after(piece, prefix_ids, conditioning)
-            kv, hit, rejected = self._chunk_kv(piece, self._key(piece, after), after)
-            report.store_rejected += rejected
+            kv, hit = self._chunk_kv(piece, self._key(piece, after), after, report)
             report.chunk_hits += hit
             report.chunk_misses += not hit
             report.store_hits += hit
@@ -544,16 +545,17 @@ class Composer:
             return
         self._claimed_at = now
         try:
-            self.store.claim(self.scope, self.holder or default_holder())
+            home = self.index.store_dir if self.index is not None else None
+            self.store.claim(self.scope, self.holder or default_holder(home))
         except OSError as error:  # a read-only store still serves
             self.counters.store_errors[type(error).__name__] = (
                 self.counters.store_errors.get(type(error).__name__, 0) + 1
             )
 
-    def _chunk_kv(self, piece: RequestPiece, key: KVKey, prefix_ids: list[int]
-                  ) -> tuple[object, bool, int]:
-        """The chunk's KV in the backend's form, whether the store had it, and how many bad
-        entries were found for it (deleted, then computed and stored again)."""
+    def _chunk_kv(self, piece: RequestPiece, key: KVKey, prefix_ids: list[int],
+                  report: Report | None = None) -> tuple[object, bool]:
+        """The chunk's KV in the backend's form, and whether the store had it; a bad entry
+        found for it (deleted, then computed and stored again) is counted in ``report``."""
         corrupt = self.store.corrupt
         # A shared store lets one process compute a missing chunk while the others wait.
         entry = self.store.get_or_lease(key)
@@ -564,9 +566,11 @@ class Composer:
                     raise BadEntry(f"{kv.n_tokens} tokens where the key's have {len(piece.ids)}")
             except BadEntry:
                 self.store.reject(key)
-            else:
-                return kv, True, self.store.corrupt - corrupt
-        rejected = self.store.corrupt - corrupt
+                entry = None
+        if report is not None:
+            report.store_rejected += self.store.corrupt - corrupt
+        if entry is not None:
+            return kv, True
         kv = self.backend.prefill_chunk(piece.ids, prefix_ids)
         self.counters.chunk_prefills += 1
         self.counters.chunk_prefill_tokens += len(prefix_ids) + len(piece.ids)
@@ -582,7 +586,7 @@ class Composer:
             self.counters.store_errors[type(error).__name__] = (
                 self.counters.store_errors.get(type(error).__name__, 0) + 1
             )
-        return kv, False, rejected
+        return kv, False
 
     # -- request pieces ------------------------------------------------------------------
     def _piece(self, item) -> RequestPiece:

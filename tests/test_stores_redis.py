@@ -1,7 +1,7 @@
 """The shared chunk KV store on a real redis-server: keys, ACL scopes, failures, leases.
 
-The guarantees it shares with the local store (integrity, isolation, eviction, gc) are proven by
-tests/test_kvstore.py, which runs against both.
+The guarantees it shares with every store (integrity, isolation, eviction, gc, claims) are
+proven by tests/test_stores_contract.py, which runs on every registered store.
 """
 
 from __future__ import annotations
@@ -19,27 +19,24 @@ import pytest
 import torch
 from conftest import require
 
-from codekv.kvstore import KVEntry, KVKey, LocalKVStore, decode_bytes, header_meta, token_hash
+from codekv.stores.entry import KVEntry, KVKey, decode_bytes, header_meta, token_hash
+from codekv.stores.local import LocalKVStore
 
 require("redis", "the redis client is not installed (the 'shared' extra)")
 
-from codekv.redisstore import (  # noqa: E402
-    RedisKVStore,
-    key_pattern,
-    public_url,
-    scope_tag,
-    scope_user_rules,
-)
 from redis.crc import key_slot  # noqa: E402
 from redis.exceptions import NoPermissionError  # noqa: E402
 
-from codekv.stores import (  # noqa: E402
-    StoreSpecError,
-    StoreUnavailable,
-    TieredKVStore,
-    check_spec,
-    open_kv_store,
+from codekv.stores import StoreSpecError, check_spec, open_kv_store  # noqa: E402
+from codekv.stores.base import StoreUnavailable  # noqa: E402
+from codekv.stores.redis_store import (  # noqa: E402
+    RedisKVStore,
+    key_pattern,
+    scope_tag,
+    scope_user_rules,
 )
+from codekv.stores.tiered import TieredKVStore  # noqa: E402
+from codekv.stores.urls import public_url  # noqa: E402
 
 
 def make_key(chunk: str = "c1", scope: str = "repo:aaaa") -> KVKey:
@@ -128,7 +125,7 @@ def test_a_url_is_never_taken_for_a_directory(tmp_path, monkeypatch):
         result = CliRunner().invoke(main, [*command, "--store", "redis:/127.0.0.1:6379/0"])
         assert result.exit_code == 2 and "not a Redis URL" in result.output  # a slash short
         result = CliRunner().invoke(main, [*command, "--store", "htp://127.0.0.1:6379/0"])
-        assert result.exit_code == 2 and "not a Redis URL" in result.output
+        assert result.exit_code == 2 and "not a store URL" in result.output  # no such scheme
         result = CliRunner().invoke(main, [*command, "--store", "redis://127.0.0.1:6379/0"])
         assert "not inside a git repository" in result.output  # a valid URL: not a folder
     result = CliRunner().invoke(main, ["index", "--store", "redis://127.0.0.1:6379/0"])
@@ -275,7 +272,7 @@ def test_a_request_in_a_scope_the_user_may_not_read_goes_on_and_says_why(
 WORKER = textwrap.dedent(
     """
     import random, sys, time, torch
-    from codekv.kvstore import KVEntry, KVKey, token_hash
+    from codekv.stores.entry import KVEntry, KVKey, token_hash
     from codekv.stores.redis_store import RedisKVStore
     url, seed = sys.argv[1], int(sys.argv[2])
     store = RedisKVStore(url)

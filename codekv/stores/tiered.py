@@ -65,7 +65,9 @@ class TieredKVStore(KVStore):
                 + self.shared.gc(keep, scope=scope, stale_after_s=stale_after_s))
 
     def delete_scope(self, scope: str) -> int:
-        return self.local.delete_scope(scope) + self.shared.delete_scope(scope)
+        """The local copies go too; counted are the entries as ``stats`` counts them."""
+        self.local.delete_scope(scope)
+        return self.shared.delete_scope(scope)
 
     def claim(self, scope: str, holder: str) -> None:
         self.shared.claim(scope, holder)

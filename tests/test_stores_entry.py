@@ -1,0 +1,35 @@
+"""Keys and the entry format: token hashes, digests, and what a reader checks of a writer."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import replace
+
+import pytest
+from test_stores_contract import make_key
+
+from codekv.stores import entry
+from codekv.stores.entry import KVKey, token_hash
+
+
+def test_token_hash_is_sha256_of_little_endian_int64():
+    ids = [1, 2, 49151, 2**40]
+    want = hashlib.sha256(
+        b"codekv.tokens.v1\0" + struct.pack("<Q", 4) + struct.pack("<4q", *ids)
+    ).hexdigest()
+    assert token_hash(ids) == want
+    assert token_hash([2, 1]) != token_hash([1, 2])
+    assert token_hash([]) != token_hash([0])
+
+
+def test_digest_covers_every_field_and_the_format_version(monkeypatch):
+    key = make_key()
+    digests = {key.digest()}
+    for name in ("scope", "model", "tokenizer", "chunk", "token_hash"):
+        digests.add(replace(key, **{name: getattr(key, name) + "x"}).digest())
+    assert len(digests) == 6
+    monkeypatch.setattr(entry, "FORMAT_VERSION", entry.FORMAT_VERSION + ".next")
+    assert key.digest() not in digests
+    with pytest.raises(TypeError):
+        KVKey("s", "m", "t", "c", 5)  # type: ignore[arg-type]
