@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from codekv.stores.redis_store import RedisKVStore
+
 QUESTION = "\n# Task {n}: explain what the code above does and where it could fail.\n"
 
 
@@ -47,30 +49,26 @@ class TeamRandom(random.Random):
         self.team.shuffle(x)
 
 
-class CountingStore:
-    """A store wrapper that records, per chunk read, whether it hit and who computed it."""
+class CountingStore(RedisKVStore):
+    """The shared store, recording per chunk read whether it hit and who computed it."""
 
-    def __init__(self, store, agent: int):
-        self.store, self.agent = store, agent
-        self.url, self.error = store.url, None
+    def __init__(self, url: str, agent: int):
+        super().__init__(url)
+        self.agent = agent
         self.reads: list[tuple[str, bool, bool]] = []  # (digest, hit, computed by another)
 
     def get_or_lease(self, key):
-        entry = self.store.get_or_lease(key)
+        entry = super().get_or_lease(key)
         by_other = entry is not None and entry.provenance.get("agent") != self.agent
         self.reads.append((key.digest(), entry is not None, by_other))
-        self.error = self.store.error
         return entry
 
     def get(self, key):
         return self.get_or_lease(key)
 
-    def contains(self, key):
-        return self.store.contains(key)
-
     def put(self, key, entry):
         entry.provenance["agent"] = self.agent
-        self.store.put(key, entry)
+        super().put(key, entry)
 
 
 def session(repo: str, agent: int, seed: int, tasks: int, backend, index) -> list[list]:
@@ -93,7 +91,6 @@ def agent(conn, repo: str, threads: int) -> None:
     from codekv.eval.runner import warm_up
     from codekv.index import Index
     from codekv.models import load_backend
-    from codekv.stores.redis_store import RedisKVStore
 
     backend = load_backend()
     index = Index(repo)
@@ -102,7 +99,7 @@ def agent(conn, repo: str, threads: int) -> None:
     while (job := conn.recv()) is not None:
         url, number, seed, tasks = job
         requests = session(repo, number, seed, tasks, backend, index)
-        store = CountingStore(RedisKVStore(url), number)
+        store = CountingStore(url, number)
         composer = Composer(backend, index, store=store, scope="bench:team", experimental=True)
         began = time.perf_counter()
         for n, chunks in enumerate(requests, 1):
@@ -158,7 +155,6 @@ def store_load(repo: str, url: str, target: int, repeats: int) -> dict:
     from codekv.index import Index
     from codekv.models import load_backend
     from codekv.stores.local import LocalKVStore
-    from codekv.stores.redis_store import RedisKVStore
     from codekv.stores.tiered import TieredKVStore
 
     redis.Redis.from_url(url).flushdb()
