@@ -8,6 +8,7 @@ session); a store these tests know nothing of gets ``<scheme>://<a fresh directo
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -301,3 +302,98 @@ def test_gc_with_keep_predicate_and_unreadable_entries(raw_store):
     assert store.contains(live) and not store.contains(gone) and not store.contains(junk)
     assert store.stats().corrupt == 1
     assert store.gc() == 0 and store.get(live) is not None
+
+
+def _poisoned(kind: str) -> KVEntry:
+    """An entry a writer of the scope could put, checksum and all, that no reader may use."""
+    entry = make_entry()
+    if kind == "nan":
+        entry.keys[1][0, 2, 3] = float("nan")
+    elif kind == "inf":
+        entry.values[0][2, 0, 0] = float("-inf")
+    elif kind == "layer of another shape":
+        entry.keys[2] = torch.randn(3, 4, 8)
+        entry.values[2] = torch.randn(3, 4, 8)
+    elif kind == "values of other tokens":
+        entry.values = [torch.randn(3, 6, 8) for _ in range(LAYERS)]
+    elif kind == "mixed dtypes":
+        entry.values[1] = entry.values[1].half()
+    return entry
+
+
+@pytest.mark.parametrize("poison", ["nan", "inf", "layer of another shape",
+                                    "values of other tokens", "mixed dtypes"])
+def test_a_poisoned_entry_is_never_returned_and_is_deleted(any_store, poison):
+    """A valid checksum proves only that the bytes are the writer's: the reader checks the
+    values too (finite, one layout, one dtype) and treats a failure like a damaged entry."""
+    store = any_store
+    key = make_key()
+    store.put(key, _poisoned(poison))
+    assert store.contains(key)
+    assert store.get(key) is None
+    assert not store.contains(key)  # deleted: the next writer's good entry can take its place
+    assert store.corrupt >= 1 and store.stats().corrupt == store.corrupt
+    store.put(key, make_entry())
+    assert_same(store.get(key), make_entry())
+
+
+def test_reject_deletes_an_entry_its_reader_found_unusable(any_store):
+    store = any_store
+    key, other = make_key("c1"), make_key("c2")
+    store.put(key, make_entry())
+    store.put(other, make_entry())
+    store.reject(key)
+    assert not store.contains(key) and store.get(key) is None
+    assert store.get(other) is not None  # nothing else goes
+    assert store.corrupt >= 1 and store.stats().corrupt == store.corrupt
+
+
+def test_claims_are_per_scope_and_renewed(any_store):
+    store = any_store
+    assert store.claims("repo:aaaa") == {}
+    store.claim("repo:aaaa", "home-a")
+    store.claim("repo:bbbb", "home-b")
+    first = store.claims("repo:aaaa")
+    assert set(first) == {"home-a"} and set(store.claims("repo:bbbb")) == {"home-b"}
+    assert abs(first["home-a"] - time.time()) < 60
+    time.sleep(0.02)
+    store.claim("repo:aaaa", "home-a")
+    assert store.claims("repo:aaaa")["home-a"] > first["home-a"]
+    assert store.stats().entries == 0  # a claim is not an entry
+    store.delete_scope("repo:aaaa")
+    assert store.claims("repo:aaaa") == {} and set(store.claims("repo:bbbb")) == {"home-b"}
+
+
+def test_collect_keeps_what_another_holder_claimed(any_store):
+    """One home's view of what is live is not another's: while another holder's claim on the
+    scope is within the retention window, only leftovers go."""
+    store = any_store
+    live, stale = make_key("c1"), make_key("c2")
+    store.put(live, make_entry(blob="b1"))
+    store.put(stale, make_entry(blob="b0"))
+    other_scope = make_key("c2", scope="repo:bbbb")
+    store.put(other_scope, make_entry(blob="b0"))
+
+    def keep(provenance):
+        return provenance["blob"] == "b1"
+
+    store.claim("repo:aaaa", "home-a")
+    assert store.collect("repo:aaaa", keep, "home-b") == (0, ["home-a"])
+    assert store.contains(live) and store.contains(stale)
+    assert set(store.claims("repo:aaaa")) == {"home-a", "home-b"}  # b's own claim recorded
+    # home-a's claim is older than the window: b's view decides.
+    assert store.collect("repo:aaaa", keep, "home-b", retention_s=0.0) == (1, [])
+    assert store.contains(live) and not store.contains(stale)
+    assert store.contains(other_scope)  # another scope is not collected
+
+
+def test_stats_and_gc_of_one_scope(any_store):
+    store = any_store
+    for chunk in ("c1", "c2"):
+        store.put(make_key(chunk, "repo:aaaa"), make_entry())
+    store.put(make_key("c1", "repo:bbbb"), make_entry())
+    assert (store.stats("repo:aaaa").entries, store.stats("repo:bbbb").entries) == (2, 1)
+    assert store.stats().entries == 3
+    assert store.stats("repo:aaaa").bytes == 2 * entry_size()
+    assert store.gc(lambda provenance: False, scope="repo:bbbb") == 1
+    assert (store.stats("repo:aaaa").entries, store.stats().entries) == (2, 2)

@@ -61,8 +61,9 @@ class TieredKVStore(KVStore):
 
     def gc(self, keep: Callable[[dict], bool] | None = None, *, scope: str | None = None,
            stale_after_s: float = 3600.0) -> int:
-        return (self.local.gc(keep, scope=scope, stale_after_s=stale_after_s)
-                + self.shared.gc(keep, scope=scope, stale_after_s=stale_after_s))
+        """Both tiers; counted are the shared store's entries, as ``stats`` counts them."""
+        self.local.gc(keep, scope=scope, stale_after_s=stale_after_s)
+        return self.shared.gc(keep, scope=scope, stale_after_s=stale_after_s)
 
     def delete_scope(self, scope: str) -> int:
         """The local copies go too; counted are the entries as ``stats`` counts them."""
