@@ -491,3 +491,229 @@ def test_local_store_in_front_keeps_a_copy_of_shared_hits(redis_url, tmp_path):
     got = both.get(make_key())
     assert got is not None and got.provenance["seed"] == 3
     assert local.contains(make_key()) and local.get(make_key()).provenance["seed"] == 3
+
+
+# -- hostile input: bad URLs, planted keys, poisoned entries, other homes ----------------------
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("redis://127.0.0.1:{port}/0?socket_timeout=abc", "socket_timeout=abc"),
+    ("redis://127.0.0.1:{port}/0?socket_timeout=-1", "socket_timeout=-1"),
+    ("redis://127.0.0.1:{port}/abc", "database 'abc'"),
+    ("redis://127.0.0.1:{port}/0?colour=blue", "unknown option 'colour'"),
+    ("redis:///0?password=hunter2", "not a Redis URL: redis:///0?password=***"),
+    ("redis://alice:hunter2@127.0.0.1:x/0", "bad port in redis://alice:***@127.0.0.1:x/0"),
+    ("redis://alice:hunter2@127.0.0.1:{port}/one", "redis://alice:***@127.0.0.1"),
+    ("local,redis://alice:hunter2@127.0.0.1:{port}/0?kv_dtype=int8", "kv_dtype=int8"),
+])
+def test_a_bad_store_url_is_a_clear_error_that_shows_no_password(spec, expected, git_repo,
+                                                                 byte_counter):
+    """Refused when the option is parsed, naming the bad part, before anything is opened."""
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    git_repo.commit({"a.py": "x = 1\n"})
+    spec = spec.format(port=closed_port())
+    for args in (["gc", str(git_repo.root)], ["prefill", str(git_repo.root)]):
+        result = CliRunner().invoke(main, [*args, "--store", spec])
+        assert result.exit_code == 2, result.output
+        assert expected in result.output and "hunter2" not in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+    with pytest.raises(StoreSpecError) as error:
+        open_kv_store(spec, lambda: None)
+    assert expected in str(error.value) and "hunter2" not in str(error.value)
+
+
+def test_credentials_are_masked_wherever_a_url_appears():
+    from codekv.stores.urls import mask_credentials
+
+    text = ("failed: rediss://svc:s3cret@kv:6380/2 then redis://h/0?password=hunter2&db=1 "
+            "and http://x/?api_token=abc;auth=xyz and redis://bob@h/0 plain")
+    masked = mask_credentials(text)
+    for secret in ("s3cret", "hunter2", "abc", "xyz"):
+        assert secret not in masked
+    assert "rediss://svc:***@kv:6380/2" in masked and "password=***&db=1" in masked
+    assert "redis://bob@h/0 plain" in masked  # a user name alone is not a secret
+
+
+def test_a_key_of_another_type_is_a_bad_entry_not_an_outage(redis_url, redis_server):
+    """A value that is not a string at an entry key (any writer of the scope can SET one):
+    deleted and recomputed like a damaged entry; the store stays on and gc goes on."""
+    store = RedisKVStore(redis_url)
+    planted, good = make_key("c1"), make_key("c2")
+    store.put(good, make_entry())
+    redis_server.admin.hset(store._entry_key(planted), "not", "an entry")
+    assert store.get(planted) is None
+    assert store.error is None and store.corrupt == 1
+    assert not redis_server.admin.exists(store._entry_key(planted))
+    assert store.get(good) is not None  # not switched off
+    store.put(planted, make_entry(seed=5))
+    assert store.get(planted).provenance["seed"] == 5
+    other = make_key("c3")
+    redis_server.admin.rpush(store._entry_key(other), "x")
+    assert store.stats().entries == 2  # a key of another type is no entry
+    assert store.gc() == 1 and not redis_server.admin.exists(store._entry_key(other))
+    assert store.get(good) is not None and store.stats().entries == 2
+
+
+def scope_user(redis_server, user: str, scope: str) -> str:
+    redis_server.admin.execute_command("ACL", "SETUSER", user,
+                                       *scope_user_rules(f"pw-{user}", scope))
+    return redis_server.url(user, f"pw-{user}")
+
+
+def test_a_scope_user_counts_and_collects_its_own_scope(redis_server, redis_url):
+    alice = RedisKVStore(scope_user(redis_server, "alice", "team:a"))
+    for chunk in ("c1", "c2", "c3"):
+        alice.put(make_key(chunk, "team:a"), make_entry(seed=int(chunk[1])))
+    RedisKVStore(redis_url).put(make_key("c1", "team:b"), make_entry())
+    assert alice.stats("team:a").entries == 3 and alice.error is None
+    assert alice.gc(lambda provenance: provenance["seed"] != 2, scope="team:a") == 1
+    assert alice.stats("team:a").entries == 2
+    assert alice.collect("team:a", lambda provenance: True, "home-a") == (0, [])
+    with pytest.raises(StoreUnavailable, match="may not use every scope"):
+        alice.gc()  # every scope: an administrator's job, and the message says so
+
+
+def use_tiny_backend(monkeypatch, backend) -> None:
+    import codekv.models
+
+    monkeypatch.setattr(codekv.models, "load_backend",
+                        lambda model=None, engine="transformers": backend)
+
+
+def test_prefill_and_gc_as_a_scope_user(redis_server, redis_url, git_repo, tiny_backend,
+                                        byte_counter, monkeypatch):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    use_tiny_backend(monkeypatch, tiny_backend("llama"))
+    monkeypatch.setenv("CODEKV_SCOPE", "team:a")
+    url = scope_user(redis_server, "alice", "team:a")
+    git_repo.commit({"a.py": "def alpha(x):\n    return x * 2\n",
+                     "b.py": "def beta():\n    return 1\n\n\ndef gamma():\n    return 3\n"})
+    result = CliRunner().invoke(main, ["prefill", str(git_repo.root), "--store", url])
+    assert result.exit_code == 0, result.output
+    assert "computed 3" in result.output and ": 3 entries" in result.output
+    assert "not used" not in result.output
+    result = CliRunner().invoke(main, ["gc", str(git_repo.root), "--store", url])
+    assert result.exit_code == 0, result.output
+    assert "0 chunk KV files" in result.output and "pw-alice" not in result.output
+
+
+def test_gc_from_a_home_that_never_indexed_leaves_the_shared_entries(
+        redis_url, git_repo, tiny_backend, byte_counter, monkeypatch, tmp_path):
+    """The data loss of issue 25: one home composes, a fresh home's gc used to wipe the
+    repository's entries from the shared store."""
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+    from codekv.compose import Composer
+    from codekv.gate import SupportGate
+    from codekv.index import Index
+
+    git_repo.commit({"a.py": "def alpha(x):\n    return x * 2\n",
+                     "b.py": "def beta():\n    return 1\n"})
+    index = Index(git_repo.root)
+    index.update()
+    composer = Composer(tiny_backend("llama"), index, redis_url, gate=SupportGate([], "test"),
+                        experimental=True)
+    assert composer.prefill(["a.py::alpha", "b.py::beta"]) == (2, 0)
+    index.close()
+    monkeypatch.setenv("CODEKV_HOME", str(tmp_path / "second-home"))
+    result = CliRunner().invoke(main, ["gc", str(git_repo.root), "--store", redis_url])
+    assert result.exit_code == 0, result.output
+    assert "0 chunk KV files" in result.output
+    assert RedisKVStore(redis_url).stats().entries == 2
+
+
+def test_gc_keeps_what_another_home_claimed_until_its_claim_expires(
+        redis_url, redis_server, git_repo, tiny_backend, byte_counter, monkeypatch, tmp_path):
+    """Two homes on one repository path, one shared store: the second home, indexed after a
+    commit the first has not seen, removes the first home's entries only once the first has
+    not used the scope for longer than the retention window."""
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+    from codekv.compose import Composer
+    from codekv.gate import SupportGate
+    from codekv.index import Index
+    from codekv.stores import default_holder, default_scope
+
+    git_repo.commit({"a.py": "def alpha(x):\n    return x * 2\n",
+                     "b.py": "def beta():\n    return 1\n"})
+    index = Index(git_repo.root)
+    index.update()
+    Composer(tiny_backend("llama"), index, redis_url, gate=SupportGate([], "test"),
+             experimental=True).prefill(["a.py::alpha", "b.py::beta"])
+    scope, first = default_scope(index), default_holder(index.store_dir)
+    index.close()
+    git_repo.commit({"a.py": "def alpha(x):\n    return x * 3\n"})
+    monkeypatch.setenv("CODEKV_HOME", str(tmp_path / "second-home"))
+    assert CliRunner().invoke(main, ["index", str(git_repo.root)]).exit_code == 0
+    result = CliRunner().invoke(main, ["gc", str(git_repo.root), "--store", redis_url])
+    assert result.exit_code == 0, result.output
+    assert "0 chunk KV files" in result.output and "1 other codekv home" in result.output
+    assert RedisKVStore(redis_url).stats().entries == 2
+    long_ago = time.time() - 8 * 24 * 3600
+    redis_server.admin.hset(f"codekv:{{{scope_tag(scope)}}}:claims", first, repr(long_ago))
+    result = CliRunner().invoke(main, ["gc", str(git_repo.root), "--store", redis_url])
+    assert result.exit_code == 0, result.output
+    assert "1 chunk KV files" in result.output
+    assert RedisKVStore(redis_url).stats().entries == 1  # beta stays
+
+
+def _planted(composer, passage, make):
+    """Replace the stored entry of ``passage`` by ``make(entry)``, checksum and all: what any
+    writer of the scope can do."""
+    piece = composer._piece(passage)
+    key = composer._key(piece, [])
+    store = composer.store
+    entry = store.get(key)
+    store._client.delete(store._entry_key(key))
+    store.put(key, make(entry))
+    return key
+
+
+@pytest.mark.parametrize("poison", ["nan", "other heads", "other token count", "other dtype"])
+def test_a_poisoned_entry_is_recomputed_replaced_and_reported(redis_url, tiny_backend, poison):
+    from codekv.compose import Composer, Passage
+    from codekv.gate import SupportGate
+
+    def make(entry):
+        keys, values = list(entry.keys), list(entry.values)
+        if poison == "nan":
+            keys[0] = keys[0].clone()
+            keys[0][0, 0, 0] = float("nan")
+        elif poison == "other heads":
+            keys = [torch.randn(1, k.shape[1], k.shape[2]) for k in keys]
+            values = [torch.randn(1, v.shape[1], v.shape[2]) for v in values]
+        elif poison == "other token count":
+            keys = [torch.cat((k, k), dim=1) for k in keys]
+            values = [torch.cat((v, v), dim=1) for v in values]
+        else:
+            keys, values = [k.double() for k in keys], [v.double() for v in values]
+        return KVEntry(keys, values, entry.provenance)
+
+    passages = [Passage("alpha beta gamma"), Passage("delta epsilon")]
+    composer = Composer(tiny_backend("llama"), store=redis_url, gate=SupportGate([], "test"),
+                        experimental=True)
+    first = composer.compose(passages, "zeta?", strategy="all")
+    key = _planted(composer, passages[0], make)
+    result = composer.compose(passages, "zeta?", strategy="all")
+    assert result.status == "composed" and result.report.store_error is None
+    assert result.report.store_rejected == 1
+    assert (result.report.store_hits, result.report.store_misses) == (1, 1)
+    assert torch.allclose(result.next_token_logits(), first.next_token_logits(), atol=1e-5)
+    replaced = composer.store.get(key)  # the recomputed entry took the bad one's place
+    assert all(bool(torch.isfinite(k).all()) for k in replaced.keys)
+    assert replaced.keys[0].shape == first_shape(composer, passages[0])
+    again = composer.compose(passages, "zeta?", strategy="all")
+    assert (again.report.store_hits, again.report.store_rejected) == (2, 0)
+
+
+def first_shape(composer, passage):
+    piece = composer._piece(passage)
+    return composer.backend.prefill_chunk(piece.ids).keys[0].shape

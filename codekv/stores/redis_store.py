@@ -394,18 +394,21 @@ class RedisKVStore(KVStore):
             with self._client.pipeline(transaction=False) as pipe:
                 pipe.get(name)
                 pipe.zadd(self._lru_key(key.scope), {key.digest(): self._stamp()}, xx=True)
-                data, _ = pipe.execute()
+                data, recorded = pipe.execute(raise_on_error=False)
+            for answer in (data, recorded):
+                if isinstance(answer, Exception) and not _wrong_type(answer):
+                    raise answer
         except _FAILURES as error:
-            if _wrong_type(error):  # not an entry, whoever wrote it: a bad entry, not an outage
-                self._corrupt += 1
-                try:
-                    self._delete_if_not_string(keys=[name])
-                except _FAILURES as failure:
-                    self._fail(failure, key.scope)
-                return None
             self._fail(error, key.scope)
             return None
         self.error = None
+        if isinstance(data, Exception):  # not an entry, whoever wrote it: bad, not an outage
+            self._corrupt += 1
+            try:
+                self._delete_if_not_string(keys=[name])
+            except _FAILURES as error:
+                self._fail(error, key.scope)
+            return None
         if data is None:
             return None
         try:
