@@ -245,22 +245,61 @@ def test_a_state_from_another_model_kv_type_or_version_is_never_used(
     second = composer(other, tmp_path, store=store).compose([A, B], QUERY, strategy="none")
     assert (second.report.chunk_hits, second.report.chunk_misses) == (0, 2)
 
-    # ... and an entry handed over anyway is refused, not restored.
-    class Leaky:
-        def __init__(self):
-            self.entries = []
-
-        def get(self, key):
-            return self.entries[0] if self.entries else None
-
-        def put(self, key, entry):
-            self.entries.append(entry)
-
-    leaky = Leaky()
+    # ... and an entry handed over anyway is never restored: rejected and recomputed.
+    leaky = Leaky(tmp_path / "leaky")
     composer(tiny_llama, tmp_path, store=leaky).compose([A], QUERY, strategy="none")
     result = composer(other, tmp_path, store=leaky).compose([A], QUERY, strategy="none")
-    assert result.status == FULL_PREFILL
-    assert "never restored" in result.report.fallback_reason
+    assert result.status == COMPOSED and result.report.store_rejected == 1
+    assert (result.report.chunk_hits, result.report.chunk_misses) == (0, 1)
+    assert leaky.rejected == 1
+
+
+class Leaky(LocalKVStore):
+    """A store that hands every key the first entry ever put (mixing engines' entries up)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.entries, self.rejected = [], 0
+
+    def get(self, key):
+        return self.entries[0] if self.entries else None
+
+    def put(self, key, entry):
+        self.entries.append(entry)
+
+    def reject(self, key):
+        self.rejected += 1
+        self.entries.pop(0)
+        super().reject(key)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda provenance: provenance.pop("n_tokens"),
+    lambda provenance: provenance.update(n_tokens="7"),
+    lambda provenance: provenance.update(saved_at=-1),
+])
+def test_a_state_entry_without_its_token_count_is_recomputed_and_replaced(tiny_llama, tmp_path,
+                                                                         damage):
+    """Issue 25: a state whose provenance lacks ``n_tokens`` made every compose exit with
+    "Error: n_tokens"; now it is deleted, computed again, stored, and reported."""
+    from codekv.stores.entry import KVEntry
+
+    store = LocalKVStore(tmp_path / "kv")
+    comp = composer(tiny_llama, tmp_path, store=store)
+    first = comp.compose([A, B], QUERY, strategy="all")
+    piece = comp._piece(A)
+    key = comp._key(piece, [])
+    entry = store.get(key)
+    damage(entry.provenance)
+    store.reject(key)
+    store.put(key, KVEntry(entry.keys, entry.values, entry.provenance))  # checksum and all
+    result = comp.compose([A, B], QUERY, strategy="all")
+    assert result.status == COMPOSED and result.report.store_rejected == 1
+    assert (result.report.chunk_hits, result.report.chunk_misses) == (1, 1)
+    assert max_diff(result.state.logits, first.state.logits) <= SAME_BATCHES
+    assert store.get(key).provenance["n_tokens"] == len(piece.ids)  # replaced
+    again = comp.compose([A, B], QUERY, strategy="all")
+    assert (again.report.chunk_hits, again.report.store_rejected) == (2, 0)
 
 
 def test_store_entries_hold_the_sequence_state(tiny_llama, tmp_path):
