@@ -28,6 +28,19 @@ class StoreUnavailable(RuntimeError):
     Requests never see this: their reads and writes fall back to a miss."""
 
 
+class AccessClock:
+    """Last-access stamps for LRU order, one per store object: microseconds since the epoch
+    (exact in a double, which a Redis sorted-set score is), strictly increasing, so two
+    accesses in one tick keep their order."""
+
+    def __init__(self):
+        self._last = 0
+
+    def stamp(self) -> int:
+        self._last = max(time.time_ns() // 1000, self._last + 1)
+        return self._last
+
+
 class KVStore(ABC):
     """A chunk KV store: local on disk, shared on a server, or one in front of the other.
 

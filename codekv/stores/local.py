@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codekv.paths import private_dir
-from codekv.stores.base import KVStore
+from codekv.stores.base import AccessClock, KVStore
 from codekv.stores.entry import (
     FORMAT_VERSION,
     KVEntry,
@@ -75,7 +75,7 @@ class LocalKVStore(KVStore):
         self._hits = 0
         self._misses = 0
         self._corrupt = 0
-        self._last_stamp = 0
+        self._clock = AccessClock()
 
     def __repr__(self) -> str:
         return f"LocalKVStore({str(self.root)!r})"
@@ -280,8 +280,7 @@ class LocalKVStore(KVStore):
 
     def _touch(self, path: Path) -> None:
         """Record an access: a strictly increasing mtime within this object (LRU order)."""
-        stamp = max(time.time_ns(), self._last_stamp + 1)
-        self._last_stamp = stamp
+        stamp = self._clock.stamp() * 1000
         try:
             os.utime(path, ns=(stamp, stamp))
         except OSError:

@@ -39,7 +39,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from redis.retry import Retry
 
-from codekv.stores.base import KVStore, StoreSpecError, StoreUnavailable
+from codekv.stores.base import AccessClock, KVStore, StoreSpecError, StoreUnavailable
 from codekv.stores.entry import (
     FORMAT_VERSION,
     CorruptEntry,
@@ -138,7 +138,7 @@ class RedisKVStore(KVStore):
         self._off_until = 0.0
         self._hits = self._misses = self._corrupt = 0
         self.waited = 0  # entries got by waiting for another process's lease
-        self._last_stamp = 0
+        self._clock = AccessClock()
         self._leases: set[str] = set()
         self._delete_if_same = self._client.register_script(_DELETE_IF_SAME)
         self._delete_if_not_string = self._client.register_script(_DELETE_IF_NOT_STRING)
@@ -215,7 +215,7 @@ class RedisKVStore(KVStore):
             with self._client.pipeline(transaction=True) as pipe:  # one slot: MULTI works
                 if fits:
                     pipe.set(self._entry_key(key), data, nx=True)
-                    pipe.zadd(self._lru_key(key.scope), {key.digest(): self._stamp()})
+                    pipe.zadd(self._lru_key(key.scope), {key.digest(): self._clock.stamp()})
                 if held:  # waiters look for the entry now (or compute it, if it did not fit)
                     pipe.delete(lease)
                 pipe.execute()
@@ -393,7 +393,7 @@ class RedisKVStore(KVStore):
         try:
             with self._client.pipeline(transaction=False) as pipe:
                 pipe.get(name)
-                pipe.zadd(self._lru_key(key.scope), {key.digest(): self._stamp()}, xx=True)
+                pipe.zadd(self._lru_key(key.scope), {key.digest(): self._clock.stamp()}, xx=True)
                 data, recorded = pipe.execute(raise_on_error=False)
             for answer in (data, recorded):
                 if isinstance(answer, Exception) and not _wrong_type(answer):
@@ -448,12 +448,6 @@ class RedisKVStore(KVStore):
         else:
             self.error = f"{self.url} failed: {_described(error)}"
         self._off_until = time.monotonic() + self.retry_after_s
-
-    def _stamp(self) -> int:
-        """Microseconds, strictly increasing within this object (exact in a double)."""
-        stamp = max(time.time_ns() // 1000, self._last_stamp + 1)
-        self._last_stamp = stamp
-        return stamp
 
     def _wire_key(self, key: KVKey) -> KVKey:
         """16-bit entries are other entries: a full-precision reader never gets one."""
