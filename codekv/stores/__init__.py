@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from codekv import paths
 from codekv.stores.base import StoreSpecError, StoreUnavailable
-from codekv.stores.urls import check_redis_url, mask_credentials
+from codekv.stores.urls import REDIS_SCHEMES, check_redis_url, mask_credentials
 
 if TYPE_CHECKING:
     from codekv.stores.base import KVStore
@@ -67,10 +67,9 @@ class StoreKind:
     extra: str | None = None
 
 
-_REDIS = StoreKind("codekv.stores.redis_store:RedisKVStore", check_redis_url, extra="shared")
 STORES: dict[str, StoreKind] = {
-    "redis": _REDIS,
-    "rediss": _REDIS,
+    **dict.fromkeys(REDIS_SCHEMES, StoreKind("codekv.stores.redis_store:RedisKVStore",
+                                             check_redis_url, extra="shared")),
 }
 
 
