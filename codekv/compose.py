@@ -559,16 +559,18 @@ class Composer:
         corrupt = self.store.corrupt
         # A shared store lets one process compute a missing chunk while the others wait.
         entry = self.store.get_or_lease(key)
+        rejected = self.store.corrupt - corrupt  # bad entries the store found and deleted
         if entry is not None:
             try:
                 kv = self.backend.from_entry(entry, len(prefix_ids))
                 if kv.n_tokens != len(piece.ids):
                     raise BadEntry(f"{kv.n_tokens} tokens where the key's have {len(piece.ids)}")
-            except BadEntry:
+            except BadEntry:  # valid, but not this request's: the reader deletes it
                 self.store.reject(key)
+                rejected += 1
                 entry = None
         if report is not None:
-            report.store_rejected += self.store.corrupt - corrupt
+            report.store_rejected += rejected
         if entry is not None:
             return kv, True
         kv = self.backend.prefill_chunk(piece.ids, prefix_ids)

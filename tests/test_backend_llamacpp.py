@@ -275,9 +275,9 @@ class Leaky(LocalKVStore):
 
 @pytest.mark.parametrize("damage", [
     lambda provenance: provenance.pop("n_tokens"),
-    lambda provenance: provenance.update(n_tokens="7"),
+    lambda provenance: provenance.update(n_tokens="seven"),
     lambda provenance: provenance.update(saved_at=-1),
-])
+], ids=["no n_tokens", "n_tokens not a number", "negative saved_at"])
 def test_a_state_entry_without_its_token_count_is_recomputed_and_replaced(tiny_llama, tmp_path,
                                                                          damage):
     """Issue 25: a state whose provenance lacks ``n_tokens`` made every compose exit with
