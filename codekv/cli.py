@@ -256,8 +256,8 @@ def gc(repo, store, budget):
         raise click.ClickException(f"chunk KV store: {error}") from error
     console.print(f"removed {removed} unreachable blob entries and {kv_removed} chunk KV files")
     if others:
-        console.print(f"kept the chunk KV of blobs that left this snapshot: {len(others)} other "
-                      f"codekv home(s) used scope {scope!r} within a week", highlight=False)
+        console.print(f"{len(others)} other codekv home(s) used scope {scope!r} within a week: "
+                      "their chunk KV stays (only leftovers were removed)", highlight=False)
 
 
 def _conditioning_option(function):
