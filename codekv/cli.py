@@ -238,10 +238,13 @@ def gc(repo, store, budget):
 
     store, shared = _split_store(store)
     with _opened_index(repo, store, budget=budget) as idx:
+        try:
+            scope = default_scope(idx)  # a bad $CODEKV_SCOPE is refused before anything goes
+        except paths.SettingError as error:
+            raise click.ClickException(str(error)) from error
         removed = idx.gc()
         live = {file.blob_hash for file in idx.files()}
         root = idx.root
-        scope = default_scope(idx)
         holder = default_holder(idx.store_dir)
 
     def keep(provenance: dict) -> bool:

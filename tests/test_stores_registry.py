@@ -229,3 +229,13 @@ def test_gc_opens_a_store_without_the_composer_or_torch(git_repo, tmp_path):
     loaded = set(run.stdout.split())
     assert "codekv.stores.local" in loaded  # it did open the store
     assert not loaded & {"torch", "transformers", "codekv.compose"}
+
+
+def test_gc_refuses_a_scope_that_is_not_utf8_before_removing_anything(git_repo, monkeypatch,
+                                                                      byte_counter):
+    git_repo.commit({"a.py": "x = 1\n"})
+    assert CliRunner().invoke(main, ["index", str(git_repo.root)]).exit_code == 0
+    monkeypatch.setenv("CODEKV_SCOPE", os.fsdecode(b"team-\xff\xfe"))
+    result = CliRunner().invoke(main, ["gc", str(git_repo.root)])
+    assert result.exit_code == 1 and not isinstance(result.exception, UnicodeError)
+    assert "CODEKV_SCOPE=b'team-\\xff\\xfe' is not UTF-8 text" in result.output
