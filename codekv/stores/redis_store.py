@@ -46,6 +46,7 @@ from codekv.stores.entry import (
     KVEntry,
     KVKey,
     StoreStats,
+    all_finite,
     decode_bytes,
     encode_entry,
     entry_format,
@@ -464,7 +465,7 @@ class RedisKVStore(KVStore):
         if any(not t.is_floating_point() or t.dtype == wire for t in tensors):
             return entry
         narrow = [t.to(wire) for t in tensors]
-        if not all(bool(torch.isfinite(t).all()) for t in narrow):
+        if not all(all_finite(t) for t in narrow):
             return entry  # beyond the 16-bit range: stored in full rather than as inf
         n = len(entry.keys)
         provenance = dict(entry.provenance, **{_STORED_FROM: str(tensors[0].dtype)[6:]})
