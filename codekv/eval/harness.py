@@ -306,14 +306,14 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
 
 def _runnable(strategies: tuple[str, ...], backend, notes: list[str]) -> tuple[str, ...]:
     """The strategies the engine can run; each refused one gets a note with the reason."""
+    from codekv.backends import rule_refusal
     from codekv.selection import strategy as make_strategy
 
     kept = []
     for entry in strategies:
         name = methods.split_entry(entry)[0]
         rule = make_strategy(name)
-        reason = ((rule.needs_deviation and backend.deviation_refusal)
-                  or (rule.needs_relevance and backend.relevance_refusal))
+        reason = rule_refusal(backend, rule)
         if reason:
             notes.append(f"{name}: refused on {backend.info.engine}: {reason}")
         else:
