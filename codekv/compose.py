@@ -27,7 +27,8 @@ from codekv.backends import Backend, RequestState, UnsupportedModel, rule_refusa
 from codekv.chunks import Chunk
 from codekv.conditioning import DEFAULT_CONDITIONING, GRAPH_TOKENS
 from codekv.conditioning import checked as checked_conditioning
-from codekv.gate import WORKLOADS, SupportGate
+from codekv.eval.registry import workload_of
+from codekv.gate import SupportGate
 from codekv.kvstore import KVKey, KVStore, LocalKVStore, token_hash
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
@@ -394,7 +395,7 @@ class Composer:
         """The gate's verdict for each workload the request's chunks belong to."""
         info = self.backend.info
         return [self.gate.verdict(info.family, workload, info.engine)
-                for workload in sorted({WORKLOADS[p.kind] for p in pieces})]
+                for workload in sorted({workload_of(p.kind) for p in pieces})]
 
     def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report,
                  query_names: frozenset[str] = frozenset(),
