@@ -82,6 +82,9 @@ class LanguageSpec:
     # Which repository files an import names (``codekv.grammars.modules``); the def-use graph
     # resolves imported names through it.
     modules: LanguageModules = field(default=NO_MODULES, compare=False)
+    # The directory of its query files (a ``Path`` or a package resource); default: this
+    # package's ``queries``.
+    queries: object | None = field(default=None, compare=False)
 
 
 def _node_name(node) -> str | None:
@@ -386,23 +389,33 @@ CPP = LanguageSpec(
     query_files=("cpp", "c_family"),
 )
 
-LANGUAGES: dict[str, LanguageSpec] = {
-    spec.name: spec for spec in (PYTHON, JAVASCRIPT, TYPESCRIPT, TSX, GO, RUST, JAVA, C, CPP)
-}
-
 def _query_names(spec: LanguageSpec) -> tuple[str, ...]:
     return spec.query_files or (spec.name,)
 
 
+def _query_dir(spec: LanguageSpec):
+    return spec.queries or resources.files(__package__).joinpath("queries")
+
+
 def _has_queries(spec: LanguageSpec) -> bool:
-    queries = resources.files(__package__).joinpath("queries")
-    return all(queries.joinpath(f"{name}.scm").is_file() for name in _query_names(spec))
+    return all(_query_dir(spec).joinpath(f"{name}.scm").is_file() for name in _query_names(spec))
 
 
-# A language without its query file is indexed as plain text rather than half-analysed.
-_BY_EXTENSION = {
-    ext: spec for spec in LANGUAGES.values() if _has_queries(spec) for ext in spec.extensions
-}
+LANGUAGES: dict[str, LanguageSpec] = {}
+_BY_EXTENSION: dict[str, LanguageSpec] = {}
+
+
+def register(spec: LanguageSpec) -> LanguageSpec:
+    """Add a language: its files are chunked and analysed from then on."""
+    LANGUAGES[spec.name] = spec
+    # A language without its query file is indexed as plain text rather than half-analysed.
+    if _has_queries(spec):
+        _BY_EXTENSION.update(dict.fromkeys(spec.extensions, spec))
+    return spec
+
+
+for _spec in (PYTHON, JAVASCRIPT, TYPESCRIPT, TSX, GO, RUST, JAVA, C, CPP):
+    register(_spec)
 
 
 def language_for_path(path: str) -> LanguageSpec | None:
@@ -425,9 +438,9 @@ def tree_sitter_language(name: str) -> Language:
 @functools.cache
 def query(name: str) -> Query:
     """The language's anchor query, compiled once per process."""
-    queries = resources.files(__package__).joinpath("queries")
+    spec = LANGUAGES[name]
     source = "\n".join(
-        queries.joinpath(f"{file}.scm").read_text() for file in _query_names(LANGUAGES[name])
+        _query_dir(spec).joinpath(f"{file}.scm").read_text() for file in _query_names(spec)
     )
     return Query(tree_sitter_language(name), source)
 
