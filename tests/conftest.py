@@ -27,7 +27,7 @@ BYTES = CounterSpec("bytes")
 def model_cache() -> Path:
     """One converted model/tokenizer cache for every test session: converting the GGUF takes
     ~20 s. Its entries are keyed by the GGUF's digest and the transformers version (see
-    ``codekv.models``), so a stable directory is safe to reuse across runs;
+    ``codekv.backends.hf_loader``), so a stable directory is safe to reuse across runs;
     ``$CODEKV_TEST_MODEL_CACHE`` moves it."""
     path = Path(os.environ.get("CODEKV_TEST_MODEL_CACHE")
                 or Path.home() / ".cache" / "codekv-tests" / "models")
