@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from codekv.backends.engines import TRANSFORMERS
+
 if TYPE_CHECKING:
     import torch
 
@@ -36,7 +38,7 @@ class ModelInfo:
     n_layers: int
     max_positions: int
     unsupported: str | None = None  # why composition is refused for this model, if it is
-    engine: str = "transformers"  # the gate keys its evidence by engine and family
+    engine: str = TRANSFORMERS  # the gate keys its evidence by engine and family
     # FLOPs of attending to one more key over FLOPs of a row's own projections and MLP, per
     # layer: a row at position p costs 1 + key_cost * (p + 1). 0 when unknown.
     key_cost: float = 0.0

@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
+from codekv.backends.engines import LLAMA_CPP
 from codekv.kvstore import KVEntry
 from codekv.tokens import file_digest
 
-ENGINE = "llama.cpp"
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # name -> ggml type id (llama.h / ggml.h)
 REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a recomputed run
 DEVIATION_REFUSAL = (
@@ -147,7 +147,7 @@ class LlamaCppBackend:
         self.engine_version = (f"llama-cpp-python {L.__version__}, "
                                f"llama.cpp {L.llama_version().decode()}")
         family = self._meta("general.architecture") or "?"
-        identity = {"engine": ENGINE, "version": self.engine_version, "gguf": digest,
+        identity = {"engine": LLAMA_CPP, "version": self.engine_version, "gguf": digest,
                     "kv_type": kv_type, "flash_attn": False}
         self.info = ModelInfo(
             family=family,
@@ -158,7 +158,7 @@ class LlamaCppBackend:
             n_layers=L.llama_model_n_layer(self._model),
             max_positions=self.n_ctx,
             unsupported=self._unsupported(family),
-            engine=ENGINE,
+            engine=LLAMA_CPP,
         )
         self._identity = identity
 

@@ -63,7 +63,7 @@ class EvalConfig:
     throughput_tasks: int = 12  # requests of the agent session; 0: not measured
     reuse_tasks: int = 20
     model: str | None = None
-    backend: str = "transformers"  # the engine: "transformers" or "llama.cpp"
+    backend: str = TRANSFORMERS  # the engine: a name in codekv.backends.engines.ENGINES
     store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
     quick: bool = False
     prefix: str = AGENT_PROMPT  # the system prompt before the chunks; "": none
