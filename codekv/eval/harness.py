@@ -45,7 +45,7 @@ THROUGHPUT_METHODS = (("full", 1.0), ("none", 0.0), ("boundary", 0.15), ("anchor
 @dataclass
 class EvalConfig:
     repos: tuple[str, ...] = REPOS  # where code-qa tasks come from (--quick: QUICK_REPOS)
-    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    workloads: tuple[str, ...] = field(default_factory=lambda: tuple(WORKLOADS))  # all
     tasks: int = 12  # per workload
     seed: int = 0
     strategies: tuple[str, ...] = methods.STRATEGIES
