@@ -416,6 +416,7 @@ def register(spec: LanguageSpec) -> LanguageSpec:
 
 for _spec in (PYTHON, JAVASCRIPT, TYPESCRIPT, TSX, GO, RUST, JAVA, C, CPP):
     register(_spec)
+del _spec
 
 
 def language_for_path(path: str) -> LanguageSpec | None:
