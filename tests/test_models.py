@@ -69,3 +69,18 @@ def test_an_unknown_engine_names_the_registered_ones():
     with pytest.raises(ModelLoadError, match="unknown engine 'vllm'; choose from transformers, "
                                              "llama.cpp"):
         load_backend(engine="vllm")
+
+
+def test_the_command_line_names_a_broken_gguf_without_a_traceback(git_repo, tmp_path):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    git_repo.commit({"util.py": "def helper(x):\n    return x + 1\n"})
+    model = tmp_path / "notes.gguf"
+    model.write_text("not a model\n")
+    result = CliRunner().invoke(main, ["compose", str(git_repo.root), "--chunk", "util.py",
+                                       "--query", "what?", "--model", str(model)])
+    assert result.exit_code == 1 and result.exception.__class__ is SystemExit
+    assert f"Error: {model} is not a readable GGUF model (ValueError: GGUF magic invalid)" \
+        in result.output
