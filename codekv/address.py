@@ -21,12 +21,9 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from codekv.chunks import Chunk, Outlined, chunk_id
-
-if TYPE_CHECKING:
-    from codekv.index import Index
 
 SEPARATOR = "::"
 _CHUNK_ID = re.compile(r"[0-9a-f]{24}")
@@ -55,6 +52,26 @@ class Target:
 
     chunks: list[Chunk]  # stored chunks, in file order; a span inside a chunk: that span
     span: Chunk  # one stored chunk, or a span made of the bytes the address names
+
+
+class Indexed(Protocol):
+    """What resolving an address reads of an index (``codekv.Index`` implements it); declared
+    here so that this module needs nothing of the index module, which uses it."""
+
+    root: str
+    boundaries: str  # the chunker version chunk ids are made with
+
+    def has_file(self, path: str) -> bool: ...
+
+    def chunk(self, chunk_id: str) -> Chunk: ...
+
+    def chunks(self, path: str | None = None) -> list[Chunk]: ...
+
+    def outline(self, path: str) -> list[Outlined]: ...
+
+    def blob(self, chunk: Chunk) -> bytes: ...
+
+    def count_tokens(self, data: bytes, start: int, end: int) -> int: ...
 
 
 def parse(text: str, is_file, root: str | None = None) -> Address:
@@ -92,7 +109,7 @@ def normalize(path: str, root: str | None = None) -> str:
     return posixpath.normpath(path) if path else path
 
 
-def resolve(index: Index, item: str | Chunk) -> Target:
+def resolve(index: Indexed, item: str | Chunk) -> Target:
     """The chunks ``item`` (an address or a ``Chunk``) names in ``index``."""
     if isinstance(item, Chunk):
         return Target([item], item)
@@ -157,7 +174,7 @@ def _address(path: str, definition: Outlined) -> str:
     return f"{path}{SEPARATOR}{definition.qualname}@{definition.start_line}"
 
 
-def _span(index: Index, chunks: list[Chunk], start: int, end: int, kind: str,
+def _span(index: Indexed, chunks: list[Chunk], start: int, end: int, kind: str,
           qualname: str | None) -> Chunk:
     """Bytes [start, end) of the chunks' file as one chunk: its anchors are theirs within it."""
     first = chunks[0]

@@ -15,11 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from codekv import paths
+from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.chunks import DEFAULT_BUDGET
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS
 from codekv.gitrepo import MissingBlobError, NotARepositoryError
-from codekv.models import ENGINES, TRANSFORMERS
 from codekv.selection import STRATEGIES
 from codekv.storage import CorruptIndexError
 
@@ -382,9 +382,9 @@ def _check(composer, result, chunks, query, prefix) -> dict:
         "full_prefill_s": full.report.ttft_s,
         "speedup": full.report.ttft_s / result.report.ttft_s if result.report.ttft_s else None,
     }
-    batch_reference = getattr(composer.backend, "batch_reference", None)
-    if batch_reference is not None and result.status != "full-prefill":
-        same_batches = batch_reference(result.token_ids, result.state.cuts)
+    same_batches = (composer.backend.batch_floor(result.state)
+                    if result.status != "full-prefill" else None)
+    if same_batches is not None:
         check["batch_floor_kl"] = _kl(full_logits, same_batches.logits)
         check["within_floor"] = check["kl"] <= check["batch_floor_kl"] + FLOOR_SLACK
     return check

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-from codekv.backends import Backend, RequestState, UnsupportedModel
+from codekv.backends import Backend, RequestState, UnsupportedModel, rule_refusal
 from codekv.chunks import Chunk
 from codekv.conditioning import DEFAULT_CONDITIONING, GRAPH_TOKENS
 from codekv.conditioning import checked as checked_conditioning
-from codekv.gate import WORKLOADS, SupportGate
+from codekv.eval.registry import workload_of
+from codekv.gate import SupportGate
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
 from codekv.stores import default_holder, default_kv_store, default_scope, open_kv_store
@@ -34,9 +35,12 @@ from codekv.stores.entry import BadEntry, KVKey, token_hash
 
 EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
 # ``compose(strategy=AUTO)``: the rule the support file records as passing for the workload.
-# Where none passed (the request then falls back, unless experimental), the default rule.
+# Where none passed (the request then falls back, unless experimental), the default rule:
+# the best measured one the engine can run (docs/results.md: query has the lowest |dNLL| at
+# every ratio and workload; where an engine cannot score the query's attention, llama.cpp,
+# boundary, which anchors never beat).
 AUTO = "auto"
-DEFAULT_STRATEGY, DEFAULT_RATIO = "anchors", 0.15
+DEFAULT_STRATEGIES, DEFAULT_RATIO = ("query", "boundary"), 0.15
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NEIGHBOUR_CACHE = 4096  # definitions whose tokens graph conditioning keeps in memory
@@ -377,7 +381,9 @@ class Composer:
         recomputing most."""
         verdicts = self._verdicts(pieces)
         if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
-            return DEFAULT_STRATEGY, DEFAULT_RATIO, None
+            runnable = (name for name in DEFAULT_STRATEGIES
+                        if rule_refusal(self.backend, make_strategy(name)) is None)
+            return next(runnable, DEFAULT_STRATEGIES[-1]), DEFAULT_RATIO, None
         chosen = max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
         return chosen.strategy, chosen.ratio or 0.0, chosen.conditioning
 
@@ -385,10 +391,9 @@ class Composer:
         info = self.backend.info
         if info.unsupported:
             return f"unsupported: {info.unsupported}"
-        for needed, refusal in ((selection.needs_deviation, self.backend.deviation_refusal),
-                                (selection.needs_relevance, self.backend.relevance_refusal)):
-            if needed and refusal:
-                return f"unsupported: strategy {selection.name}: {refusal}"
+        refusal = rule_refusal(self.backend, selection)
+        if refusal:
+            return f"unsupported: strategy {selection.name}: {refusal}"
         if self.experimental or not pieces:
             return None
         for verdict in self._verdicts(pieces):
@@ -400,7 +405,7 @@ class Composer:
         """The gate's verdict for each workload the request's chunks belong to."""
         info = self.backend.info
         return [self.gate.verdict(info.family, workload, info.engine)
-                for workload in sorted({WORKLOADS[p.kind] for p in pieces})]
+                for workload in sorted({workload_of(p.kind) for p in pieces})]
 
     def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report,
                  query_names: frozenset[str] = frozenset(),

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+# What the schema knows of engines and workloads: their torch-free registries.
+from codekv.backends.engines import ENGINES, LLAMA_CPP, TRANSFORMERS  # TRANSFORMERS: none named
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import GATE_STRATEGIES, Method
-
-# What the schema knows of engines, from where it lives now (one spot to move when the engine
-# registry in codekv/backends/ holds it).
-from codekv.models import ENGINES, LLAMA_CPP, TRANSFORMERS  # TRANSFORMERS: entries naming none
+from codekv.eval.registry import WORKLOADS
 from codekv.selection import STRATEGIES as SELECTION
 
 # What a rule reads that an engine cannot give it: the engine's backend refuses these
@@ -36,8 +35,6 @@ UNSERVED_NEEDS = {LLAMA_CPP: {"needs_deviation": "per-token KV deviation",
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
 SHIPPED = "codekv/data/support.json"
-# The workloads the gate rules on, by what a request's chunks are.
-WORKLOADS = {"code": "code-qa", "passage": "rag", "tool-doc": "tool-docs"}
 
 
 @dataclass(frozen=True)
@@ -198,9 +195,9 @@ def entry_problems(entry) -> list[str]:
     family = entry.get("family")
     if not (isinstance(family, str) and family):
         problems.append(f"family {_shown(family)} is not a model family's name")
-    if entry.get("workload") not in WORKLOADS.values():
+    if entry.get("workload") not in WORKLOADS:
         problems.append(f"workload {_shown(entry.get('workload'))} is not one of "
-                        + ", ".join(WORKLOADS.values()))
+                        + ", ".join(WORKLOADS))
     if not isinstance(entry.get("passed"), bool):
         problems.append(f"passed {_shown(entry.get('passed'))} is not true or false")
     held_out = entry.get("held_out")

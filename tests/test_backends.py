@@ -1,17 +1,19 @@
 """The backend protocol: the composer and the evaluation use only what ``Backend`` declares, so
-a second engine (llama.cpp, whose KV is an opaque per-sequence state) can implement it."""
+a second engine (llama.cpp, whose KV is an opaque per-sequence state) can implement it. The
+contract tests run on every registered engine (``engine_backend``: one per registry entry)."""
 
 from __future__ import annotations
 
 import pytest
 
-from codekv.backends import Backend
+from codekv.backends import Backend, rule_refusal
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.eval import runner
 from codekv.eval.methods import composition_methods
 from codekv.eval.workloads import Task
 from codekv.gate import SupportGate
 from codekv.selection import STRATEGIES
+from codekv.selection import strategy as make_strategy
 from codekv.stores.local import LocalKVStore
 
 DECLARED = {name for name in dir(Backend) if not name.startswith("_")} | set(
@@ -44,20 +46,34 @@ def composer(backend, tmp_path) -> Composer:
 def test_the_protocol_declares_what_composition_uses():
     assert {"tokenize_with_offsets", "kv_deviation", "concat", "to_entry", "from_entry",
             "eos_token_id", "deviation_refusal", "kv_bytes", "query_relevance",
-            "relevance_refusal"} <= DECLARED
+            "relevance_refusal", "unshifted_refusal", "batch_floor"} <= DECLARED
 
 
-def test_composer_and_evaluation_use_only_declared_members(tiny_backend, tmp_path):
-    backend = DeclaredOnly(tiny_backend("llama"))
+def test_each_engine_implements_the_whole_protocol(engine_backend):
+    assert {name for name in DECLARED if not hasattr(engine_backend, name)} == set()
+
+
+def test_composer_and_evaluation_use_only_declared_members(engine_backend, tmp_path):
+    backend = DeclaredOnly(engine_backend)
     comp = composer(backend, tmp_path)
     assert comp.prefill([A, B], prefix="System.\n") == (2, 0)
     for name in sorted(STRATEGIES):
+        refusal = rule_refusal(backend, make_strategy(name))
         for prefix in (None, "System.\n"):
             result = comp.compose([A, B, A], "What is area?", prefix=prefix, strategy=name,
                                   ratio=0.3)
-            assert result.status == COMPOSED, result.report.fallback_reason
+            if refusal:  # a rule this engine cannot run: refused up front, with the reason
+                assert result.status == FULL_PREFILL
+                assert result.report.fallback_reason == (
+                    f"unsupported: strategy {name}: {refusal}")
+            else:
+                assert result.status == COMPOSED, result.report.fallback_reason
             result.score("width")
             result.generate(2)
+        if not refusal:
+            floor = backend.batch_floor(result.state)
+            # An engine whose numerics depend on batch shapes decodes the same tokens.
+            assert floor is None or floor.token_ids == result.state.token_ids
     task = Task("rag", "t0", "quote", [A, B], "Quote area:", " return width", "area")
     measures = runner.run_task(comp, task, [
         runner.Composition(composition_methods(("none", "boundary"), (0.25,)))])
@@ -68,6 +84,7 @@ def test_composer_and_evaluation_use_only_declared_members(tiny_backend, tmp_pat
 @pytest.mark.parametrize(("name", "missing"), [
     ("deviation", "deviation_refusal"), ("hybrid", "deviation_refusal"),
     ("query", "relevance_refusal"), ("query-anchors", "relevance_refusal"),
+    ("none-norope", "unshifted_refusal"),
 ])
 def test_a_rule_the_engine_cannot_score_is_refused_not_approximated(tiny_backend, tmp_path,
                                                                      name, missing):

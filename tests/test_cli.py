@@ -634,10 +634,10 @@ def test_a_full_prefill_report_names_no_rule(repo, store, tiny_backend, monkeypa
     assert (report["strategy"], report["ratio"], report["conditioning"]) == (None, None, None)
     assert report["fallback_reason"].startswith("unsupported: no evidence for llama/code-qa")
     table = " ".join(cli(*args).stdout.split())
-    assert "│ strategy │ - │" in table and "anchors" not in table
+    assert "│ strategy │ - │" in table and "│ query │" not in table
     composed = json.loads(cli(*args, "--json", "--experimental").stdout)["report"]
     assert (composed["status"], composed["strategy"], composed["ratio"]) == (
-        "composed", "anchors", 0.15)
+        "composed", "query", 0.15)  # the best measured rule (compose.DEFAULT_STRATEGIES)
 
 
 def test_compose_errors_keep_their_quotes(repo, store, tiny_backend, monkeypatch):

@@ -3,6 +3,7 @@
 import hashlib
 
 from codekv.anchors.graph import ModuleResolver
+from codekv.grammars import GO
 from codekv.index import Index
 from codekv.tokens import CounterSpec
 
@@ -242,7 +243,7 @@ def test_module_resolver_maps_import_paths_to_package_directories():
     assert resolve("fmt") == []
     # A package never imports itself.
     assert resolve("example.com/shop/store", "store/store.go") == []
-    assert resolver.go_package("store") == ["store/store.go", "store/store_test.go"]
+    assert GO.modules.package(resolver.paths, "store") == ["store/store.go", "store/store_test.go"]
     twins = ModuleResolver(dict.fromkeys(["a/api/v1/x.go", "b/api/v1/y.go", "main.go"]))
     assert twins.resolve("main.go", "go", "example.com/api/v1") == []
 

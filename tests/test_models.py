@@ -27,3 +27,60 @@ def test_tests_needing_the_model_skip_locally_and_fail_in_ci(no_default_model, m
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
         load_default_backend()
+
+
+def _truncated_default_gguf(path):
+    from codekv.tokens import default_gguf_path
+
+    source = default_gguf_path()
+    if source is None:
+        pytest.skip("the default model is not installed")
+    with open(source, "rb") as file:
+        path.write_bytes(file.read(300_000))
+
+
+@pytest.mark.parametrize("content", ["text", "empty", "truncated"])
+def test_a_broken_gguf_is_a_clear_error_and_leaves_no_partial_copy(tmp_path, monkeypatch,
+                                                                  content):
+    cache = tmp_path / "model-cache"
+    monkeypatch.setenv("CODEKV_MODEL_CACHE", str(cache))
+    model = tmp_path / "model.gguf"
+    if content == "truncated":
+        _truncated_default_gguf(model)
+    else:
+        model.write_text("" if content == "empty" else "not a model\n")
+    with pytest.raises(ModelLoadError, match=r"model\.gguf is not a readable GGUF model"):
+        load_backend(model)
+    assert not list(cache.glob("*partial*"))  # the cache keeps no half-made copy
+
+
+@pytest.mark.parametrize("threads", ["4294967297", "513", "0", "-1", "four", "٣"])
+def test_llama_threads_outside_what_ggml_takes_are_refused(tmp_path, monkeypatch, threads):
+    """A thread count past int32 once wrapped to 1 thread without a word."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("CODEKV_LLAMA_THREADS", threads)
+    with pytest.raises(ModelLoadError, match=f"CODEKV_LLAMA_THREADS must be a whole number "
+                                             f"from 1 to 512, not '{threads}'"):
+        load_backend(model, engine="llama.cpp")
+
+
+def test_an_unknown_engine_names_the_registered_ones():
+    with pytest.raises(ModelLoadError, match="unknown engine 'vllm'; choose from transformers, "
+                                             "llama.cpp"):
+        load_backend(engine="vllm")
+
+
+def test_the_command_line_names_a_broken_gguf_without_a_traceback(git_repo, tmp_path):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    git_repo.commit({"util.py": "def helper(x):\n    return x + 1\n"})
+    model = tmp_path / "notes.gguf"
+    model.write_text("not a model\n")
+    result = CliRunner().invoke(main, ["compose", str(git_repo.root), "--chunk", "util.py",
+                                       "--query", "what?", "--model", str(model)])
+    assert result.exit_code == 1 and result.exception.__class__ is SystemExit
+    assert f"Error: {model} is not a readable GGUF model (ValueError: GGUF magic invalid)" \
+        in result.output

@@ -8,10 +8,12 @@ recorded as ambiguous, never guessed; a name defined nowhere (builtins, librarie
 
 from __future__ import annotations
 
-import posixpath
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from codekv.grammars import LANGUAGES
+from codekv.grammars.modules import NO_MODULES, LanguageModules, RepoPaths
 
 if TYPE_CHECKING:  # networkx takes 0.1 s to import; only build_graph needs it
     import networkx as nx
@@ -203,7 +205,8 @@ def _resolve(name, local, imported, everywhere) -> set[str] | None:
 
 
 def _imported_names(path, analysis, modules, definitions, used=None) -> dict[str, set[str]]:
-    """Names a file imports, mapped to the chunks defining them in the imported files."""
+    """Names a file imports, mapped to the chunks defining them in the imported files, plus
+    those of the files its language makes visible without an import (``ModuleResolver``)."""
     names: dict[str, set[str]] = defaultdict(set)
     # Only names the file uses matter: a wildcard (a C header, a Go or Java package) may
     # define thousands.
@@ -214,14 +217,10 @@ def _imported_names(path, analysis, modules, definitions, used=None) -> dict[str
         for name in target_defs.keys() & used:
             names[name] |= target_defs[name]
 
+    language = modules.language(analysis.language)
     for imp in analysis.imports:
         imported = imp.name
-        if imported is None and analysis.language == "go" and imp.alias != "_":
-            # A Go import brings in a whole package, whose names are used qualified
-            # (``util.Helper``); references carry only ``Helper``, so all of them are in scope.
-            imported = "*"
-        if imported is None and analysis.language in ("c", "cpp"):
-            # `#include "x.h"` brings in all that x.h (and its implementation file) defines.
+        if imported is None and language.imports_all(imp):
             imported = "*"
         if imported is None:
             continue
@@ -231,267 +230,24 @@ def _imported_names(path, analysis, modules, definitions, used=None) -> dict[str
                 merge_all(target_defs)
             elif imported in target_defs:
                 names[imp.alias or imported] |= target_defs[imported]
-    if analysis.language == "go":
-        # The other files of a Go package (its directory) share its scope. They join the
-        # imported names rather than the local ones, so a name both they and an imported
-        # package define stays ambiguous instead of being guessed.
-        for sibling in modules.go_package(posixpath.dirname(path)):
-            if sibling != path:
-                merge_all(definitions.get(sibling, {}))
-    if analysis.language == "java":
-        # A Java package's classes see each other without imports; like Go's, they join the
-        # imported names, so a name both they and an import define stays ambiguous.
-        for sibling in modules.java_package(posixpath.dirname(path)):
-            if sibling != path:
-                merge_all(definitions.get(sibling, {}))
-    if analysis.language in ("c", "cpp"):
-        # A header and its implementation file (x.h beside x.c) see each other's definitions.
-        for companion in modules.c_companions(path):
-            merge_all(definitions.get(companion, {}))
+    for other in language.visible(modules.paths, path):
+        merge_all(definitions.get(other, {}))
     return names
 
 
 class ModuleResolver:
-    """Maps an import's module string to repository files, per language, by path suffix."""
+    """Maps an import's module string to repository files, through each language's own
+    resolver (``LanguageSpec.modules``), from the snapshot's paths alone."""
 
     def __init__(self, files: dict):
-        self.paths = set(files)
-        self.by_suffix: dict[str, list[str]] = defaultdict(list)
-        for path in files:
-            parts = path.split("/")
-            for index in range(len(parts)):
-                self.by_suffix["/".join(parts[index:])].append(path)
+        self.paths = RepoPaths(files)
+
+    @staticmethod
+    def language(name: str) -> LanguageModules:
+        spec = LANGUAGES.get(name)
+        return spec.modules if spec is not None else NO_MODULES
 
     def resolve(self, importer: str, language: str, module: str) -> list[str]:
         if not module:
             return []
-        resolver = getattr(self, f"_{language}", None)
-        return resolver(importer, module) if resolver else []
-
-    def _suffix(self, *candidates: str) -> list[str]:
-        for candidate in candidates:
-            found = self.by_suffix.get(candidate)
-            if found:
-                return found
-        return []
-
-    def _exact(self, *candidates: str) -> list[str]:
-        return [c for c in candidates if c in self.paths][:1]
-
-    def _python(self, importer: str, module: str) -> list[str]:
-        module = module.replace(" ", "")
-        if module.startswith("."):
-            dots = len(module) - len(module.lstrip("."))
-            base = posixpath.dirname(importer)
-            for _ in range(dots - 1):
-                base = posixpath.dirname(base)
-            rest = module[dots:].replace(".", "/")
-            stem = posixpath.join(base, rest) if rest else base
-            return self._exact(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")
-        stem = module.replace(".", "/")
-        return self._suffix(f"{stem}.py", f"{stem}/__init__.py", f"{stem}.pyi")
-
-    # -- Go: a package is a directory ----------------------------------------------------
-    def go_package(self, directory: str) -> list[str]:
-        """The .go files directly in ``directory`` (a Go package)."""
-        if not hasattr(self, "_go_dirs"):
-            self._go_dirs: dict[str, list[str]] = defaultdict(list)
-            for path in sorted(self.paths):
-                if path.endswith(".go"):
-                    self._go_dirs[posixpath.dirname(path)].append(path)
-        return self._go_dirs.get(directory, [])
-
-    def _go(self, importer: str, module: str) -> list[str]:
-        """``example.com/shop/store`` -> the .go files of the package directory ``store``.
-
-        A directory the import path ends with wins (the longest); else, for a module kept in
-        a subdirectory, the directory ending with the path's longest tail of two or more
-        segments, when only one does. One-segment paths (``fmt``, ``log``) are the standard
-        library's; a package never imports itself.
-        """
-        segments = [s for s in module.strip("/").split("/") if s]
-        if len(segments) < 2:
-            return []
-        module = "/".join(segments)
-        self.go_package("")
-        own = posixpath.dirname(importer)
-        dirs = [d for d in self._go_dirs if d and d != own]
-        exact = [d for d in dirs if module == d or module.endswith("/" + d)]
-        if exact:
-            return list(self._go_dirs[max(exact, key=len)])
-        for start in range(len(segments) - 1):
-            tail = "/".join(segments[start:])
-            found = [d for d in dirs if d.endswith("/" + tail)]
-            if len(found) == 1:
-                return list(self._go_dirs[found[0]])
-            if found:
-                return []  # several packages end the same way: not guessed
-        return []
-
-    # -- Rust: modules are files (a.rs or a/mod.rs), crates are directories with src/ ------
-    def _rust(self, importer: str, module: str) -> list[str]:
-        parts = [p for p in module.split("::") if p]
-        if not parts:
-            return []
-        head, rest = parts[0], parts[1:]
-        if head in ("self", "super"):
-            base = self._rust_module_dir(importer)
-            while parts and parts[0] in ("self", "super"):
-                if parts.pop(0) == "super":
-                    base = posixpath.dirname(base)
-            return self._rust_module(base, parts)
-        crate = self._rust_crate_dir(importer)
-        if head == "crate":
-            if crate is not None:
-                found = self._rust_module(crate, rest)
-                if found:
-                    return found
-            stem = "/".join(rest)
-            if not stem:
-                return []
-            return self._suffix(
-                f"src/{stem}.rs", f"src/{stem}/mod.rs", f"{stem}.rs", f"{stem}/mod.rs"
-            )
-        # A bare path: a child module (2018 paths), a crate-root module (2015 paths), or
-        # another crate of the workspace, by its directory.
-        found = self._rust_module(self._rust_module_dir(importer), parts)
-        if not found and crate is not None:
-            found = self._rust_module(crate, parts)
-        if found:
-            return found
-        stem = "/".join(rest)
-        for name in dict.fromkeys((head, head.replace("_", "-"))):
-            if stem:
-                found = self._suffix(f"{name}/src/{stem}.rs", f"{name}/src/{stem}/mod.rs")
-            else:
-                found = self._suffix(f"{name}/src/lib.rs")
-            if found:
-                return found
-        return []
-
-    def _rust_module(self, directory: str, parts: list[str]) -> list[str]:
-        """The file of module ``parts`` below the module whose children live in ``directory``."""
-        stem = posixpath.join(directory, *parts) if parts else directory
-        if parts or directory:
-            found = self._exact(f"{stem}.rs", f"{stem}/mod.rs")
-            if found or parts:
-                return found
-        return self._exact(posixpath.join(stem, "lib.rs"), posixpath.join(stem, "main.rs"))
-
-    @staticmethod
-    def _rust_module_dir(path: str) -> str:
-        """Where a file's child modules live: ``src/a.rs`` and ``src/a/mod.rs`` -> ``src/a``."""
-        directory, name = posixpath.split(path)
-        if name in ("mod.rs", "lib.rs", "main.rs"):
-            return directory
-        return posixpath.join(directory, name[: -len(".rs")] if name.endswith(".rs") else name)
-
-    def _rust_crate_dir(self, path: str) -> str | None:
-        """The nearest directory above ``path`` holding lib.rs or main.rs (a crate root)."""
-        directory = posixpath.dirname(path)
-        while True:
-            roots = (posixpath.join(directory, "lib.rs"), posixpath.join(directory, "main.rs"))
-            if self._exact(*roots):
-                return directory
-            if not directory:
-                return None
-            directory = posixpath.dirname(directory)
-
-    _JS_EXTENSIONS = (".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx", ".mts", ".cts", ".d.ts")
-    _TS_EXTENSIONS = (".ts", ".tsx", ".d.ts", ".mts", ".cts", ".js", ".jsx", ".mjs", ".cjs")
-
-    def _javascript(self, importer: str, module: str, extensions=_JS_EXTENSIONS) -> list[str]:
-        """'./x' and '../x' against the importer's directory: x itself, x.<ext>, x/index.<ext>.
-
-        Bare specifiers ('react', '@scope/pkg') name packages outside the repository.
-        """
-        if module not in (".", "..") and not module.startswith(("./", "../")):
-            return []
-        stem = posixpath.normpath(posixpath.join(posixpath.dirname(importer), module))
-        if stem == ".." or stem.startswith("../"):
-            return []
-        stem = "" if stem == "." else stem
-        candidates = [stem] if stem else []
-        root, ext = posixpath.splitext(stem)
-        if ext in (".js", ".jsx", ".mjs", ".cjs"):
-            # TypeScript's ESM style names the compiled file: './x.js' is x.ts in the source.
-            candidates += [root + e for e in extensions]
-        if stem:
-            candidates += [stem + e for e in extensions]
-        candidates += [posixpath.join(stem, "index" + e) for e in extensions]
-        return self._exact(*candidates)
-
-    def _typescript(self, importer: str, module: str) -> list[str]:
-        return self._javascript(importer, module, self._TS_EXTENSIONS)
-
-    _tsx = _typescript
-
-    # -- Java: a package is a directory, a top-level class a file --------------------------
-    def java_package(self, directory: str) -> list[str]:
-        """The .java files directly in ``directory``, or in any directory ending with it."""
-        if not hasattr(self, "_java_dirs"):
-            self._java_dirs: dict[str, list[str]] = defaultdict(list)
-            for path in sorted(self.paths):
-                if path.endswith(".java"):
-                    parts = posixpath.dirname(path).split("/")
-                    for index in range(len(parts)):
-                        self._java_dirs["/".join(parts[index:])].append(path)
-        return self._java_dirs.get(directory, [])
-
-    def _java(self, importer: str, module: str) -> list[str]:
-        """``a.b`` (from ``import a.b.C`` or ``a.b.*``) -> the files of package directory a/b.
-
-        The imported name picks its class out of them (C.java defines C). A static or nested
-        import names a class: ``a.b.Util`` (``import static a.b.Util.max``) -> a/b/Util.java.
-        """
-        stem = module.replace(" ", "").replace(".", "/")
-        return list(self._suffix(f"{stem}.java")) or self.java_package(stem)
-
-    # -- C/C++: `#include "x.h"` is a path ---------------------------------------------------
-    _C_HEADERS = (".h", ".hh", ".hpp", ".hxx", ".h++", ".inl", ".ipp")
-    _C_SOURCES = (".c", ".cc", ".cpp", ".cxx", ".c++")
-
-    def _c(self, importer: str, module: str) -> list[str]:
-        """``"x.h"`` next to the importer, else any x.h by path suffix (``<x.h>`` only so),
-        plus the header's implementation file: x.c/x.cc/x.cpp beside it, or the only one."""
-        system = module.startswith("<")
-        # The answer depends on the importer's directory only; big C trees repeat includes.
-        key = (None if system else posixpath.dirname(importer), module)
-        cache = self.__dict__.setdefault("_c_cache", {})
-        if key not in cache:
-            cache[key] = self._c_resolve(importer, module, system)
-        return cache[key]
-
-    def _c_resolve(self, importer: str, module: str, system: bool) -> list[str]:
-        name = posixpath.normpath(module.strip("<>\" \t"))
-        headers: list[str] = []
-        if not system:
-            local = posixpath.normpath(posixpath.join(posixpath.dirname(importer), name))
-            headers = self._exact(local)
-        if not headers:
-            while name.startswith("../"):  # relative to an include dir we don't know
-                name = name[3:]
-            headers = list(self._suffix(name))
-        found = list(headers)
-        for header in headers:
-            stem, ext = posixpath.splitext(header)
-            if ext.lower() not in self._C_HEADERS:
-                continue
-            sources = self._exact(*(stem + e for e in self._C_SOURCES))
-            if not sources:
-                base = posixpath.basename(stem)
-                unique = [self._suffix(base + e) for e in self._C_SOURCES]
-                unique = [path for paths in unique for path in paths]
-                sources = unique if len(unique) == 1 else []
-            found += [path for path in sources if path not in found]
-        return found
-
-    _cpp = _c
-
-    def c_companions(self, path: str) -> list[str]:
-        """x.h's implementation files beside it (x.c, x.cc, x.cpp, ...), or x.c's headers."""
-        stem, ext = posixpath.splitext(path)
-        ext = ext.lower()
-        others = (self._C_SOURCES if ext in self._C_HEADERS
-                  else self._C_HEADERS if ext in self._C_SOURCES else ())
-        return [stem + e for e in others if stem + e in self.paths]
+        return self.language(language).resolve(self.paths, importer, module)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from codekv.backends.engines import TRANSFORMERS
+
 if TYPE_CHECKING:
     import torch
 
@@ -36,7 +38,7 @@ class ModelInfo:
     n_layers: int
     max_positions: int
     unsupported: str | None = None  # why composition is refused for this model, if it is
-    engine: str = "transformers"  # the gate keys its evidence by engine and family
+    engine: str = TRANSFORMERS  # the gate keys its evidence by engine and family
     # FLOPs of attending to one more key over FLOPs of a row's own projections and MLP, per
     # layer: a row at position p costs 1 + key_cost * (p + 1). 0 when unknown.
     key_cost: float = 0.0
@@ -67,7 +69,8 @@ class ChunkState(Protocol):
 
 
 class RequestState(Protocol):
-    """A request's own KV (never shared with the chunk store) and its next-token logits."""
+    """A request's own KV (never shared with the chunk store) and its next-token logits; each
+    engine has its own (``HFRequest``, ``LlamaRequest``)."""
 
     token_ids: list[int]
     logits: torch.Tensor  # [vocab], predicting the token after token_ids
@@ -86,6 +89,9 @@ class Backend(Protocol):
     deviation_refusal: str | None
     # Why it cannot score the query's attention over reused KV (query-aware rules), or None.
     relevance_refusal: str | None
+    # Why it cannot compose chunk KV left at the positions it was computed at (the
+    # ``none-norope`` baseline, whose selection does not re-position), or None.
+    unshifted_refusal: str | None
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -124,3 +130,20 @@ class Backend(Protocol):
     def generate(self, state: RequestState, max_new_tokens: int) -> list[int]: ...
 
     def kv_bytes(self, state: RequestState) -> int: ...
+
+    def batch_floor(self, state: RequestState) -> RequestState | None:
+        """``state``'s tokens decoded in the batches that built it, without composition: the
+        engine's noise floor where its numerics depend on batch shapes (llama.cpp); None
+        where they do not (transformers)."""
+        ...
+
+
+def rule_refusal(backend: Backend, rule) -> str | None:
+    """Why ``backend`` cannot run the selection rule ``rule`` (a ``Strategy``), or None: a
+    rule needing what the engine cannot give is refused with this reason, never approximated."""
+    for needed, refusal in ((rule.needs_deviation, backend.deviation_refusal),
+                            (rule.needs_relevance, backend.relevance_refusal),
+                            (not rule.reposition, backend.unshifted_refusal)):
+        if needed and refusal:
+            return refusal
+    return None

@@ -59,7 +59,7 @@ class ChunkKV:
 
 
 @dataclass
-class RequestState:
+class HFRequest:
     """A request's own KV cache (never shared with the chunk store) and next-token logits."""
 
     cache: DynamicCache
@@ -106,6 +106,7 @@ class HFBackend:
 
     deviation_refusal = None  # values are tensors here: KV deviation can be scored
     relevance_refusal = None  # and the query's attention over them too
+    unshifted_refusal = None  # and KV left at its own positions is just not rotated
 
     def __init__(self, model, tokenizer, weights_fingerprint: str | None = None):
         self.model = model.eval()
@@ -293,16 +294,16 @@ class HFBackend:
 
     # -- requests ------------------------------------------------------------------------
     @torch.inference_mode()
-    def full_prefill(self, token_ids: list[int]) -> RequestState:
+    def full_prefill(self, token_ids: list[int]) -> HFRequest:
         cache = DynamicCache(config=self.config)
         ids = torch.tensor([token_ids], device=self.device)
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return RequestState(cache, list(token_ids), out.logits[0, -1].float())
+        return HFRequest(cache, list(token_ids), out.logits[0, -1].float())
 
     @torch.inference_mode()
     def recompute(
         self, context_ids: list[int], context: ChunkKV, selected: list[int], query_ids: list[int]
-    ) -> RequestState:
+    ) -> HFRequest:
         """Recompute ``selected`` context positions and the query against the composed context.
 
         ``context`` holds KV for every context position (reused, already re-positioned);
@@ -338,7 +339,7 @@ class HFBackend:
                 use_cache=True,
                 logits_to_keep=1,
             )
-        return RequestState(cache, list(context_ids) + list(query_ids), out.logits[0, -1].float())
+        return HFRequest(cache, list(context_ids) + list(query_ids), out.logits[0, -1].float())
 
     @contextlib.contextmanager
     def _ragged_attention(self, positions: list[int]):
@@ -366,7 +367,7 @@ class HFBackend:
             _RAGGED_PLAN.reset(token)
 
     @torch.inference_mode()
-    def extend(self, state: RequestState, token_ids: list[int]) -> torch.Tensor:
+    def extend(self, state: HFRequest, token_ids: list[int]) -> torch.Tensor:
         """Append tokens to the state; returns logits for every appended position."""
         n = state.length
         out = self.model(
@@ -379,7 +380,7 @@ class HFBackend:
         state.logits = out.logits[0, -1].float()
         return out.logits[0].float()
 
-    def rewind(self, state: RequestState, length: int, logits: torch.Tensor) -> None:
+    def rewind(self, state: HFRequest, length: int, logits: torch.Tensor) -> None:
         # Drop the appended entries: a pruned cache holds fewer entries than tokens (a different
         # number per layer for PyramidKV), so cropping to ``length`` would keep them all.
         appended = state.length - length
@@ -389,15 +390,19 @@ class HFBackend:
         state.logits = logits
 
     @torch.inference_mode()
-    def score(self, state: RequestState, target_ids: list[int]) -> float:
+    def score(self, state: HFRequest, target_ids: list[int]) -> float:
         """Mean NLL (nats/token) of ``target_ids`` following the state; the state is unchanged."""
         return mean_nll(self, state, target_ids)
 
-    def kv_bytes(self, state: RequestState) -> int:
+    def batch_floor(self, state: HFRequest) -> None:
+        """None: batch shapes do not change transformers' results beyond rounding."""
+        return None
+
+    def kv_bytes(self, state: HFRequest) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in state.cache.layers)
 
     @torch.inference_mode()
-    def generate(self, state: RequestState, max_new_tokens: int) -> list[int]:
+    def generate(self, state: HFRequest, max_new_tokens: int) -> list[int]:
         """Greedy continuation; the state is left as it was."""
         length, first = state.length, state.logits
         eos = self.tokenizer.eos_token_id

@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
+from codekv.backends.engines import LLAMA_CPP
 from codekv.stores.entry import BadEntry, KVEntry
 from codekv.tokens import file_digest
 
-ENGINE = "llama.cpp"
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # name -> ggml type id (llama.h / ggml.h)
 REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a recomputed run
 DEVIATION_REFUSAL = (
@@ -47,6 +47,10 @@ DEVIATION_REFUSAL = (
 RELEVANCE_REFUSAL = (
     "llama.cpp does not expose attention weights: the query's attention over reused KV "
     "cannot be scored"
+)
+UNSHIFTED_REFUSAL = (
+    "llama.cpp needs consecutive positions: chunk KV that is not re-positioned cannot be "
+    "composed"
 )
 
 
@@ -102,12 +106,14 @@ class LlamaCppBackend:
 
     deviation_refusal = DEVIATION_REFUSAL
     relevance_refusal = RELEVANCE_REFUSAL
+    unshifted_refusal = UNSHIFTED_REFUSAL
 
     def __init__(self, gguf: str | Path, n_ctx: int | None = None, kv_type: str = "f16",
                  n_threads: int | None = None, n_batch: int = 512, gguf_digest: str | None = None):
         if kv_type not in KV_TYPES:
             raise ValueError(f"unknown KV cache type {kv_type!r}; choose from "
                              + ", ".join(KV_TYPES))
+        threads = n_threads or threads_from_env() or len(os.sched_getaffinity(0))
         L = self._L = _bindings()
         self.path = Path(gguf)
         params = L.llama_model_default_params()
@@ -121,7 +127,6 @@ class LlamaCppBackend:
         self.n_ctx = min(n_ctx or trained, trained)
         self.n_batch = n_batch
         self.kv_type = kv_type
-        threads = n_threads or threads_from_env() or len(os.sched_getaffinity(0))
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.n_ctx
         cparams.n_batch = cparams.n_ubatch = n_batch
@@ -142,7 +147,7 @@ class LlamaCppBackend:
         self.engine_version = (f"llama-cpp-python {L.__version__}, "
                                f"llama.cpp {L.llama_version().decode()}")
         family = self._meta("general.architecture") or "?"
-        identity = {"engine": ENGINE, "version": self.engine_version, "gguf": digest,
+        identity = {"engine": LLAMA_CPP, "version": self.engine_version, "gguf": digest,
                     "kv_type": kv_type, "flash_attn": False}
         self.info = ModelInfo(
             family=family,
@@ -153,7 +158,7 @@ class LlamaCppBackend:
             n_layers=L.llama_model_n_layer(self._model),
             max_positions=self.n_ctx,
             unsupported=self._unsupported(family),
-            engine=ENGINE,
+            engine=LLAMA_CPP,
         )
         self._identity = identity
 
@@ -333,8 +338,7 @@ class LlamaCppBackend:
         offset = parts[0].start
         for part in parts:
             if part.start != offset:
-                raise UnsupportedModel("llama.cpp needs consecutive positions: chunk KV that "
-                                       "is not re-positioned cannot be composed")
+                raise UnsupportedModel(UNSHIFTED_REFUSAL)
             offset += part.n_tokens
         return list(parts)
 
@@ -383,6 +387,9 @@ class LlamaCppBackend:
         for first, end in zip(bounds, bounds[1:]):
             logits = self._decode(list(token_ids[first:end]), first, REQUEST)
         return LlamaRequest(list(token_ids), logits, ticket, bounds[1:-1])
+
+    def batch_floor(self, state: LlamaRequest) -> LlamaRequest:
+        return self.batch_reference(state.token_ids, state.cuts)
 
     def recompute(self, context_ids: list[int], context: list[SequenceState],
                   selected: list[int], query_ids: list[int]) -> LlamaRequest:
@@ -459,6 +466,8 @@ class LlamaCppBackend:
 
 
 THREADS_ENV = "CODEKV_LLAMA_THREADS"
+# ggml's own limit (GGML_MAX_N_THREADS); llama.cpp's int32 field would wrap a larger number.
+MAX_THREADS = 512
 
 
 def threads_from_env() -> int | None:
@@ -467,8 +476,9 @@ def threads_from_env() -> int | None:
     text = os.environ.get(THREADS_ENV)
     if not text:
         return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{THREADS_ENV} must be a positive whole number, not {text!r}")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_THREADS:
+        raise ValueError(f"{THREADS_ENV} must be a whole number from 1 to {MAX_THREADS}, "
+                         f"not {text!r}")
     return int(text)
 
 

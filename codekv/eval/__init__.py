@@ -26,7 +26,7 @@ _EXPORTS = {
     "Thresholds": "codekv.eval.support",
     "failures": "codekv.eval.support",
     "gate_entries": "codekv.eval.support",
-    "WORKLOADS": "codekv.eval.workloads",
+    "WORKLOADS": "codekv.eval.registry",
     "Task": "codekv.eval.workloads",
     "generate": "codekv.eval.workloads",
 }

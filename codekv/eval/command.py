@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES, composition_methods
-from codekv.gate import WORKLOADS
-from codekv.models import ENGINES, TRANSFORMERS
+from codekv.eval.registry import OTHER_REPOS, WORKLOADS
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -83,7 +83,7 @@ def canonical_command(config) -> str:
     if config.prefix != AGENT_PROMPT:
         parts += ["--prefix", shlex.quote(config.prefix) if config.prefix else "none"]
     for workload in config.workloads:
-        if tuple(config.workloads) != tuple(WORKLOADS.values()):
+        if tuple(config.workloads) != tuple(WORKLOADS):
             parts += ["--workload", workload]
     parts += ["--tasks", str(config.tasks), "--seed", str(config.seed),
               "--context-tokens", str(config.context_tokens)]
@@ -124,7 +124,7 @@ def canonical_command(config) -> str:
 @click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path),
               help="Keep each finished task's measures in this file and skip the tasks already "
                    "in it: an interrupted run resumes.")
-@click.option("--workload", "workloads", multiple=True, type=click.Choice(list(WORKLOADS.values())),
+@click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
               help="Workloads to run (default: all).")
 @click.option("--tasks", type=int, default=None, help="Tasks per workload [12; --quick 2].")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -344,11 +344,12 @@ def _check_held_out(document: dict | None, config) -> None:
         if not command_line:
             raise SupportFileError(f"{workload}: the entry does not say which run measured it")
         repos, seed = _evidence_tasks(command_line)
-        if workload == "code-qa" and set(repos) & set(config.repos):
+        held_out_by = WORKLOADS[workload].held_out_by
+        if held_out_by == OTHER_REPOS and set(repos) & set(config.repos):
             raise SupportFileError(
-                f"code-qa: its evidence was drawn from {', '.join(sorted(set(repos)))}; held-out "
-                "tasks come from other repositories (--repo)")
-        if workload != "code-qa" and seed == config.seed:
+                f"{workload}: its evidence was drawn from {', '.join(sorted(set(repos)))}; "
+                "held-out tasks come from other repositories (--repo)")
+        if held_out_by != OTHER_REPOS and seed == config.seed:
             raise SupportFileError(f"{workload}: its evidence was drawn with seed {seed}; "
                                    "held-out tasks need another --seed")
 
@@ -364,7 +365,8 @@ def _confirm(path: Path, result, config, command: str) -> list[str]:
         raise click.ClickException(f"{path} was measured on another model ({theirs}); this run's "
                                    f"is {result.model.get('fingerprint')}")
     run = {"command": command, "engine": config.backend, "seed": config.seed,
-           "repos": list(config.repos) if "code-qa" in config.workloads else None,
+           "repos": list(config.repos) if any(WORKLOADS[w].needs_index for w in config.workloads)
+           else None,
            "seconds": round(result.seconds, 1), "resumed_tasks": result.resumed_tasks,
            "machine": result.machine}
     lines = confirm_entries(document, result.rows, result.model["family"], run)

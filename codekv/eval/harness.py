@@ -9,13 +9,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from codekv.backends.engines import TRANSFORMERS
 from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval import methods, reuse, runner
+from codekv.eval.registry import WORKLOADS
 from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, gate_entries
-from codekv.eval.workloads import WORKLOADS, CodeSource, generate
-from codekv.models import TRANSFORMERS
+from codekv.eval.workloads import CodeSource, generate
 
 # --quick: few tasks, one ratio, one KV budget, short contexts - minutes on two cores.
 QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,
@@ -44,7 +45,7 @@ THROUGHPUT_METHODS = (("full", 1.0), ("none", 0.0), ("boundary", 0.15), ("anchor
 @dataclass
 class EvalConfig:
     repos: tuple[str, ...] = REPOS  # where code-qa tasks come from (--quick: QUICK_REPOS)
-    workloads: tuple[str, ...] = WORKLOADS
+    workloads: tuple[str, ...] = field(default_factory=lambda: tuple(WORKLOADS))  # all
     tasks: int = 12  # per workload
     seed: int = 0
     strategies: tuple[str, ...] = methods.STRATEGIES
@@ -62,7 +63,7 @@ class EvalConfig:
     throughput_tasks: int = 12  # requests of the agent session; 0: not measured
     reuse_tasks: int = 20
     model: str | None = None
-    backend: str = "transformers"  # the engine: "transformers" or "llama.cpp"
+    backend: str = TRANSFORMERS  # the engine: a name in codekv.backends.engines.ENGINES
     store: str | None = None  # chunk KV store; default a temporary one, removed afterwards
     quick: bool = False
     prefix: str = AGENT_PROMPT  # the system prompt before the chunks; "": none
@@ -179,8 +180,9 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
 
 
 def _indexes(config: EvalConfig, say) -> dict:
-    """The indexed repositories code-qa draws from, by spec (none without code-qa)."""
-    if "code-qa" not in config.workloads:
+    """The indexed repositories workloads such as code-qa draw from, by spec (none without
+    one)."""
+    if not any(WORKLOADS[workload].needs_index for workload in config.workloads):
         return {}
     from codekv.index import Index
 
@@ -194,11 +196,12 @@ def _indexes(config: EvalConfig, say) -> dict:
 
 
 def _tasks(config: EvalConfig, indexes: dict, count, notes: list[str]) -> list:
-    """Each workload's tasks; code-qa's split evenly between the repositories, each task
-    marked with its repository (and its id prefixed with it when there are several)."""
+    """Each workload's tasks; those drawn from repositories (code-qa) split evenly between
+    them, each task marked with its repository (and its id prefixed with it when there are
+    several)."""
     tasks = []
     for workload in config.workloads:
-        if workload == "code-qa":
+        if WORKLOADS[workload].needs_index:
             made = []
             for i, (spec, index) in enumerate(indexes.items()):
                 share = config.tasks // len(indexes) + (i < config.tasks % len(indexes))
@@ -306,14 +309,14 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
 
 def _runnable(strategies: tuple[str, ...], backend, notes: list[str]) -> tuple[str, ...]:
     """The strategies the engine can run; each refused one gets a note with the reason."""
+    from codekv.backends import rule_refusal
     from codekv.selection import strategy as make_strategy
 
     kept = []
     for entry in strategies:
         name = methods.split_entry(entry)[0]
         rule = make_strategy(name)
-        reason = ((rule.needs_deviation and backend.deviation_refusal)
-                  or (rule.needs_relevance and backend.relevance_refusal))
+        reason = rule_refusal(backend, rule)
         if reason:
             notes.append(f"{name}: refused on {backend.info.engine}: {reason}")
         else:

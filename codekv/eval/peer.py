@@ -27,7 +27,7 @@ import warnings
 import torch
 from transformers import DynamicCache
 
-from codekv.backends.hf import RequestState
+from codekv.backends.hf import HFRequest
 from codekv.compose import ComposeResult, Report
 from codekv.eval.methods import PEERS, Method
 
@@ -140,7 +140,7 @@ class KVBoostRunner:
             self.engine._split_tokens = self._fixed_split
 
     @torch.inference_mode()
-    def _live_prefill(self, ids: list[int], assembled) -> RequestState:
+    def _live_prefill(self, ids: list[int], assembled) -> HFRequest:
         """Prefill what kvboost did not reuse on top of what it assembled."""
         model = self.engine.model
         cache = DynamicCache(config=model.config)
@@ -151,4 +151,4 @@ class KVBoostRunner:
         out = model(input_ids=torch.tensor([ids[n:]], device=self.backend.device),
                     position_ids=torch.arange(n, len(ids), device=self.backend.device)[None],
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return RequestState(cache, list(ids), out.logits[0, -1].float())
+        return HFRequest(cache, list(ids), out.logits[0, -1].float())

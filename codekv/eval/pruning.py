@@ -46,7 +46,7 @@ class Pruned:
 
     status: str
     report: Report
-    state: object  # RequestState: the cache holds fewer context entries than token_ids
+    state: object  # HFRequest: the cache holds fewer context entries than token_ids
     kv_bytes: int  # the kept context KV
     full_kv_bytes: int  # the context KV full prefill keeps
 
@@ -152,7 +152,7 @@ def prune(backend, context_ids: list[int], query_ids: list[int], presses: dict,
     ``(key, Pruned)`` with the query appended. ``extra_s[key]``: seconds added to its TTFT."""
     from transformers import DynamicCache
 
-    from codekv.backends.hf import RequestState
+    from codekv.backends.hf import HFRequest
 
     needs_attention = needs_attention or set()
     extra_s = extra_s or {}
@@ -208,7 +208,7 @@ def prune(backend, context_ids: list[int], query_ids: list[int], presses: dict,
                           logits_to_keep=1)
             logits = query.logits[0, -1].float()
         query_s = time.perf_counter() - t0
-        state = RequestState(pruned, list(context_ids) + list(query_ids), logits)
+        state = HFRequest(pruned, list(context_ids) + list(query_ids), logits)
         compress_s = own[key] + (shared[0] if key in needs_attention else 0.0)
         timings = {"prefill": prefill_s, "compress": compress_s, "query": query_s,
                    "tokenize": extra_s.get(key, 0.0)}

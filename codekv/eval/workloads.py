@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from codekv import gitrepo
 from codekv.chunks import Chunk
 from codekv.compose import Passage
+from codekv.eval.registry import WORKLOADS
 from codekv.eval.tooldocs import ToolDoc, tool_docs
-from codekv.gate import WORKLOADS as WORKLOAD_KINDS
 
-WORKLOADS = tuple(WORKLOAD_KINDS.values())
 FUNCTION_KINDS = ("function", "method")
 Counter = Callable[[str], int]
 
@@ -77,15 +76,23 @@ def length(context_tokens: int, rng: random.Random) -> int:
 
 def generate(workload: str, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
              index=None, max_query_tokens: int = 256) -> list[Task]:
-    if workload == "code-qa":
-        if index is None:
-            raise ValueError("code-qa needs an index of a repository")
-        return code_qa(index, n, seed, context_tokens, count, max_query_tokens)
-    if workload == "rag":
-        return rag(n, seed, context_tokens, count)
-    if workload == "tool-docs":
-        return tool_doc_tasks(n, seed, context_tokens, count)
-    raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+    """``n`` tasks of a registered workload (``codekv.eval.registry``)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+    return WORKLOADS[workload].generate(n, seed, context_tokens, count, index, max_query_tokens)
+
+
+# -- the registered generators: (n, seed, context_tokens, count, index, max_query_tokens) ----
+def code_qa_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
+    return code_qa(index, n, seed, context_tokens, count, max_query_tokens)
+
+
+def rag_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
+    return rag(n, seed, context_tokens, count)
+
+
+def tool_docs_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
+    return tool_doc_tasks(n, seed, context_tokens, count)
 
 
 # -- code-qa ---------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Language registry: which files are which language, and their compiled tree-sitter queries.
 
-Each language has one query file, ``queries/<name>.scm``, using these captures:
+Each language has its query file, ``queries/<name>.scm``, compiled with the files it shares
+with languages whose grammars name the same nodes alike (``LanguageSpec.query_files``), all
+using these captures:
 
 ``@definition.<kind>`` + ``@name``
     a definition (function, method, class, interface, type, constant, module).
@@ -28,6 +30,18 @@ from importlib import resources
 from pathlib import PurePosixPath
 
 from tree_sitter import Language, Parser, Query
+
+from codekv.grammars.modules import (
+    C_MODULES,
+    JAVASCRIPT_MODULES,
+    NO_MODULES,
+    TYPESCRIPT_MODULES,
+    GoModules,
+    JavaModules,
+    LanguageModules,
+    PythonModules,
+    RustModules,
+)
 
 
 @dataclass(frozen=True)
@@ -61,8 +75,16 @@ class LanguageSpec:
     # Where a type lists members that no ``body_field`` holds (the methods of a Go interface):
     # its body, as a class's (outlined, split into its members when it is over the budget).
     members_of: Callable[[object], object | None] | None = field(default=None, compare=False)
-    # Query files compiled together (TSX reuses TypeScript's); default: the language's own.
+    # Query files compiled together, in order: a language's own, then those it shares with
+    # languages naming the same nodes alike (``ecmascript``, ``jsx``, ``c_family``); default:
+    # ``queries/<name>.scm`` alone.
     query_files: tuple[str, ...] = ()
+    # Which repository files an import names (``codekv.grammars.modules``); the def-use graph
+    # resolves imported names through it.
+    modules: LanguageModules = field(default=NO_MODULES, compare=False)
+    # The directory of its query files (a ``Path`` or a package resource); default: this
+    # package's ``queries``.
+    queries: object | None = field(default=None, compare=False)
 
 
 def _node_name(node) -> str | None:
@@ -228,6 +250,7 @@ PYTHON = LanguageSpec(
     function_types=frozenset({"function_definition"}),
     class_types=frozenset({"class_definition"}),
     wrapper_types=frozenset({"decorated_definition"}),
+    modules=PythonModules(),
 )
 
 # Function and class values count as definitions where the chunker meets them: a declarator
@@ -250,6 +273,8 @@ JAVASCRIPT = LanguageSpec(
     class_types=_JS_CLASSES,
     wrapper_types=_JS_WRAPPERS | {"field_definition"},
     name_of=_js_name,
+    modules=JAVASCRIPT_MODULES,
+    query_files=("javascript", "ecmascript", "jsx"),
 )
 
 TYPESCRIPT = LanguageSpec(
@@ -267,6 +292,8 @@ TYPESCRIPT = LanguageSpec(
     # A method's decorators are siblings before it in a class body: fold them in like comments.
     comment_types=frozenset({"comment", "decorator"}),
     name_of=_js_name,
+    modules=TYPESCRIPT_MODULES,
+    query_files=("typescript", "ecmascript"),
 )
 
 TSX = LanguageSpec(
@@ -279,7 +306,8 @@ TSX = LanguageSpec(
     namespace_types=TYPESCRIPT.namespace_types,
     comment_types=TYPESCRIPT.comment_types,
     name_of=_js_name,
-    query_files=("typescript", "tsx"),
+    modules=TYPESCRIPT_MODULES,
+    query_files=("typescript", "ecmascript", "jsx"),
 )
 
 GO = LanguageSpec(
@@ -292,6 +320,7 @@ GO = LanguageSpec(
     name_of=_go_name,
     owner_of=_go_receiver,
     members_of=_go_interface,
+    modules=GoModules(),
 )
 
 RUST = LanguageSpec(
@@ -304,6 +333,7 @@ RUST = LanguageSpec(
     # Attributes (``#[derive(..)]``) sit above an item like comments and travel with it.
     comment_types=frozenset({"line_comment", "block_comment", "attribute_item"}),
     name_of=_rust_name,
+    modules=RustModules(),
 )
 
 JAVA = LanguageSpec(
@@ -317,6 +347,7 @@ JAVA = LanguageSpec(
     # An enum's methods sit in a declarations node after its constants.
     transparent_types=frozenset({"enum_body_declarations"}),
     comment_types=frozenset({"line_comment", "block_comment"}),
+    modules=JavaModules(),
 )
 
 # Preprocessor conditionals (header guards, `#ifdef FEATURE`) and `extern "C" {` are no
@@ -337,6 +368,8 @@ C = LanguageSpec(
     wrapped_fields=("type",),
     transparent_types=_C_TRANSPARENT,
     name_of=_c_name,
+    modules=C_MODULES,
+    query_files=("c", "c_family"),
 )
 
 CPP = LanguageSpec(
@@ -352,25 +385,38 @@ CPP = LanguageSpec(
     transparent_types=_C_TRANSPARENT,
     name_of=_c_name,
     owner_of=_cpp_owner,
+    modules=C_MODULES,
+    query_files=("cpp", "c_family"),
 )
-
-LANGUAGES: dict[str, LanguageSpec] = {
-    spec.name: spec for spec in (PYTHON, JAVASCRIPT, TYPESCRIPT, TSX, GO, RUST, JAVA, C, CPP)
-}
 
 def _query_names(spec: LanguageSpec) -> tuple[str, ...]:
     return spec.query_files or (spec.name,)
 
 
+def _query_dir(spec: LanguageSpec):
+    return spec.queries or resources.files(__package__).joinpath("queries")
+
+
 def _has_queries(spec: LanguageSpec) -> bool:
-    queries = resources.files(__package__).joinpath("queries")
-    return all(queries.joinpath(f"{name}.scm").is_file() for name in _query_names(spec))
+    return all(_query_dir(spec).joinpath(f"{name}.scm").is_file() for name in _query_names(spec))
 
 
-# A language without its query file is indexed as plain text rather than half-analysed.
-_BY_EXTENSION = {
-    ext: spec for spec in LANGUAGES.values() if _has_queries(spec) for ext in spec.extensions
-}
+LANGUAGES: dict[str, LanguageSpec] = {}
+_BY_EXTENSION: dict[str, LanguageSpec] = {}
+
+
+def register(spec: LanguageSpec) -> LanguageSpec:
+    """Add a language: its files are chunked and analysed from then on."""
+    LANGUAGES[spec.name] = spec
+    # A language without its query file is indexed as plain text rather than half-analysed.
+    if _has_queries(spec):
+        _BY_EXTENSION.update(dict.fromkeys(spec.extensions, spec))
+    return spec
+
+
+for _spec in (PYTHON, JAVASCRIPT, TYPESCRIPT, TSX, GO, RUST, JAVA, C, CPP):
+    register(_spec)
+del _spec
 
 
 def language_for_path(path: str) -> LanguageSpec | None:
@@ -393,9 +439,9 @@ def tree_sitter_language(name: str) -> Language:
 @functools.cache
 def query(name: str) -> Query:
     """The language's anchor query, compiled once per process."""
-    queries = resources.files(__package__).joinpath("queries")
+    spec = LANGUAGES[name]
     source = "\n".join(
-        queries.joinpath(f"{file}.scm").read_text() for file in _query_names(LANGUAGES[name])
+        _query_dir(spec).joinpath(f"{file}.scm").read_text() for file in _query_names(spec)
     )
     return Query(tree_sitter_language(name), source)
 

@@ -1,6 +1,7 @@
-; codekv anchors for C. Capture names: see codekv/grammars/__init__.py.
+; codekv anchors for C, then c_family.scm (shared with C++). Capture names: see
+; codekv/grammars/__init__.py.
 
-; -- definitions: functions, structs/unions/enums, typedefs, macros -------------------------
+; -- definitions: functions (structs, typedefs and macros: c_family.scm) --------------------
 ; A function definition's name sits inside its declarator (`int **f(void)`); prototypes are
 ; not definitions, so a call resolves to the implementation.
 (function_definition declarator: [
@@ -9,20 +10,6 @@
   (pointer_declarator declarator: (pointer_declarator
     declarator: (function_declarator declarator: (identifier) @name)))
 ]) @definition.function
-
-(struct_specifier name: (type_identifier) @name body: (_)) @definition.struct
-(union_specifier name: (type_identifier) @name body: (_)) @definition.union
-(enum_specifier name: (type_identifier) @name body: (_)) @definition.enum
-(enumerator name: (identifier) @name) @definition.constant
-(type_definition declarator: [
-  (type_identifier) @name
-  (pointer_declarator declarator: (type_identifier) @name)
-  (array_declarator declarator: (type_identifier) @name)
-  (function_declarator declarator: (parenthesized_declarator
-    (pointer_declarator declarator: (type_identifier) @name)))
-]) @definition.type
-(preproc_def name: (identifier) @name) @definition.macro
-(preproc_function_def name: (identifier) @name) @definition.macro
 
 ; -- calls: `f(x)`, `ops->run(x)`, `s.f(x)`; a function-like macro too ----------------------
 (call_expression function: [
@@ -96,6 +83,3 @@
   (array_declarator declarator: (identifier) @name)
 ]) @assign
 
-; -- includes: `#include "x.h"` -> module x.h; `<stdio.h>` keeps its brackets ---------------
-(preproc_include path: (string_literal (string_content) @module)) @import
-(preproc_include path: (system_lib_string) @module) @import

@@ -1,4 +1,5 @@
-; codekv anchors for C++. Capture names: see codekv/grammars/__init__.py.
+; codekv anchors for C++, then c_family.scm (shared with C: structs, unions, enums, typedefs,
+; macros, includes). Capture names: see codekv/grammars/__init__.py.
 
 ; -- definitions: functions and methods -------------------------------------------------------
 ; A name sits inside its declarator (`Foo *f()`, `Box& Box::get()`); of a qualified name the
@@ -143,26 +144,13 @@
 ])) @reference.constructor
  (#eq? @_scope @name))
 
-; -- definitions: types, namespaces, macros ---------------------------------------------------
+; -- definitions: classes, aliases, namespaces ------------------------------------------------
 (class_specifier name: (type_identifier) @name body: (_)) @definition.class
-(struct_specifier name: (type_identifier) @name body: (_)) @definition.struct
-(union_specifier name: (type_identifier) @name body: (_)) @definition.union
-(enum_specifier name: (type_identifier) @name body: (_)) @definition.enum
-(enumerator name: (identifier) @name) @definition.constant
-(type_definition declarator: [
-  (type_identifier) @name
-  (pointer_declarator declarator: (type_identifier) @name)
-  (array_declarator declarator: (type_identifier) @name)
-  (function_declarator
-    declarator: (parenthesized_declarator (pointer_declarator declarator: (type_identifier) @name)))
-]) @definition.type
 (alias_declaration name: (type_identifier) @name) @definition.type
 (namespace_definition name: [
   (namespace_identifier) @name
   (nested_namespace_specifier (namespace_identifier) @name .)
 ]) @definition.namespace
-(preproc_def name: (identifier) @name) @definition.macro
-(preproc_function_def name: (identifier) @name) @definition.macro
 
 ; -- calls: `f(x)`, `p->f(x)`, `ns::f(x)`, `f<T>(x)`, `Foo(x)`, `new Foo(x)` -----------------
 (call_expression function: [
@@ -267,7 +255,3 @@
   (reference_declarator (identifier) @name)
   (array_declarator declarator: (identifier) @name)
 ]) @assign
-
-; -- includes: `#include "x.h"` -> module x.h; `<vector>` keeps its brackets ------------------
-(preproc_include path: (string_literal (string_content) @module)) @import
-(preproc_include path: (system_lib_string) @module) @import

@@ -1,6 +1,6 @@
-; codekv anchors for TypeScript; TSX compiles this file followed by tsx.scm (JSX only).
-; Capture names: see codekv/grammars/__init__.py. Self-contained rather than built on
-; javascript.scm: class names, class fields and heritage clauses are different nodes here.
+; codekv anchors for TypeScript: its own definitions, heritage clauses, types and class
+; fields (other nodes than JavaScript's), then ecmascript.scm (shared with JavaScript); TSX adds
+; jsx.scm. Capture names: see codekv/grammars/__init__.py.
 
 ; -- definitions ----------------------------------------------------------------------------
 (function_declaration name: (identifier) @name) @definition.function
@@ -51,18 +51,7 @@
     (call_expression function: (_) @_callee (#not-eq? @_callee "require"))
   ]) @definition.constant)))
 
-; -- calls and references -------------------------------------------------------------------
-(call_expression
-  function: [
-    (identifier) @name
-    (member_expression property: [(property_identifier) (private_property_identifier)] @name)
-  ]) @call
-(new_expression
-  constructor: [
-    (identifier) @name
-    (member_expression property: (property_identifier) @name)
-  ]) @call
-
+; -- references: base classes and types ----------------------------------------------------
 (extends_clause value: [
   (identifier) @name
   (member_expression property: (property_identifier) @name)
@@ -79,15 +68,6 @@
   (nested_type_identifier name: (type_identifier) @name)
   (generic_type name: (nested_type_identifier name: (type_identifier) @name))
 ]) @reference.inherit
-(decorator [
-  (identifier) @name
-  (member_expression property: (property_identifier) @name)
-  (call_expression function: [
-    (identifier) @name
-    (member_expression property: (property_identifier) @name)
-  ])
-]) @reference.decorator
-
 ; Types: a type identifier wherever it is used rather than declared (declared: the names of
 ; classes, interfaces, aliases and type parameters; `infer U` declares U too).
 (generic_type name: (type_identifier) @name @reference.type)
@@ -121,92 +101,13 @@
   (satisfies_expression (type_identifier) @name @reference.type)
 ]
 
-; -- control flow ---------------------------------------------------------------------------
-[
-  (if_statement)
-  (else_clause)
-  (for_statement)
-  (for_in_statement)
-  (while_statement)
-  (do_statement)
-  (try_statement)
-  (catch_clause)
-  (finally_clause)
-  (switch_statement)
-  (switch_case)
-  (switch_default)
-  (ternary_expression)
-] @branch
-
-[
-  (return_statement)
-  (throw_statement)
-  (yield_expression)
-] @return
-
 ; -- assignments ----------------------------------------------------------------------------
-(assignment_expression left: [
-  (identifier) @name
-  (member_expression property: [(property_identifier) (private_property_identifier)] @name)
-  (array_pattern (identifier) @name)
-  (object_pattern [
-    (shorthand_property_identifier_pattern) @name
-    (pair_pattern value: (identifier) @name)
-  ])
-]) @assign
-(augmented_assignment_expression left: [
-  (identifier) @name
-  (member_expression property: [(property_identifier) (private_property_identifier)] @name)
-]) @assign
-(update_expression argument: [
-  (identifier) @name
-  (member_expression property: [(property_identifier) (private_property_identifier)] @name)
-]) @assign
-(variable_declarator name: [
-  (identifier) @name
-  (array_pattern (identifier) @name)
-  (object_pattern [
-    (shorthand_property_identifier_pattern) @name
-    (pair_pattern value: (identifier) @name)
-  ])
-] value: (_)) @assign
-
 ; A class field with an initial value: `size = 3`.
 (public_field_definition
   name: [(property_identifier) (private_property_identifier)] @name
   value: (_)) @assign
 
-; -- imports: one match per imported name ---------------------------------------------------
-; `import x from 'm'`: the default export, looked up under its local name.
-(import_statement
-  (import_clause (identifier) @name)
-  source: (string (string_fragment) @module)) @import
-; `import { a, b as c } from 'm'` (also `import type { ... }`).
-(import_statement
-  (import_clause (named_imports (import_specifier name: (_) @name alias: (_)? @alias)))
-  source: (string (string_fragment) @module)) @import
-; `import * as ns from 'm'`: every name of the module, so `ns.f()` resolves to it.
-(import_statement
-  (import_clause (namespace_import "*" @name (identifier) @alias))
-  source: (string (string_fragment) @module)) @import
-; `import 'm'` for its side effects.
-(import_statement . source: (string (string_fragment) @module)) @import
+; -- imports ----------------------------------------------------------------------------
 ; `import m = require('m')`: the module itself.
 (import_statement
   (import_require_clause (identifier) @alias source: (string (string_fragment) @module))) @import
-; CommonJS: `const m = require('m')` and `const { a, b: c } = require('m')`.
-(_ (variable_declarator
-  name: (identifier) @alias
-  value: (call_expression
-    function: (identifier) @_require
-    arguments: (arguments . (string (string_fragment) @module) .)))
-  (#eq? @_require "require")) @import
-(_ (variable_declarator
-  name: (object_pattern [
-    (shorthand_property_identifier_pattern) @name
-    (pair_pattern key: (property_identifier) @name value: (identifier) @alias)
-  ])
-  value: (call_expression
-    function: (identifier) @_require
-    arguments: (arguments . (string (string_fragment) @module) .)))
-  (#eq? @_require "require")) @import

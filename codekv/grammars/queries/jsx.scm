@@ -1,5 +1,5 @@
-; codekv anchors for TSX, compiled after typescript.scm: the JSX patterns, which the plain
-; TypeScript grammar has no nodes for.
+; codekv anchors for JSX, compiled after javascript.scm or (TSX) typescript.scm with
+; ecmascript.scm: the JSX patterns, which the plain TypeScript grammar has no nodes for.
 
 ; A JSX element renders (calls) its component; lower-case tags are HTML, not references.
 ([

@@ -1,0 +1,46 @@
+"""The engine registry: engine name -> how to load a model on it.
+
+Torch-free, so the command line, the support gate and the evaluation's option parsing read
+engine names without loading a model runtime. A new engine is one module with a ``load``
+function plus one line in ``ENGINES``; its module is imported only when the engine is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"
+
+
+class ModelLoadError(Exception):
+    """The model cannot be loaded (missing, not a model, or would need a download)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine: its name and ``loader``, ``"module:function"`` taking
+    ``(model: Path, dtype: str, device: str | None)`` and returning a ``Backend``."""
+
+    name: str
+    loader: str
+    # The model files it runs: "gguf" (a GGUF file), "hf-directory" (a local Hugging Face
+    # model directory); a test picks a tiny model of a format the engine runs.
+    formats: tuple[str, ...]
+
+    def load(self, model: Path, dtype: str = "float32", device: str | None = None):
+        module, _, function = self.loader.partition(":")
+        return getattr(importlib.import_module(module), function)(model, dtype, device)
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+def register(engine: Engine) -> Engine:
+    ENGINES[engine.name] = engine
+    return engine
+
+
+register(Engine(TRANSFORMERS, "codekv.backends.hf_loader:load", ("gguf", "hf-directory")))
+register(Engine(LLAMA_CPP, "codekv.backends.llamacpp_loader:load", ("gguf",)))
