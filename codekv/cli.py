@@ -20,8 +20,8 @@ from codekv.chunks import DEFAULT_BUDGET
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS
 from codekv.gitrepo import MissingBlobError, NotARepositoryError
+from codekv.index_db import CorruptIndexError
 from codekv.selection import STRATEGIES
-from codekv.storage import CorruptIndexError
 
 console = Console()
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from codekv import address, gitrepo, grammars, paths
 from codekv.analysis import Analyzer, analysis_version, chunker_version
-from codekv.anchors.graph import DefUseGraph, Use, build_graph
-from codekv.anchors.state import BlobInfo, GraphState
 from codekv.chunks import DEFAULT_BUDGET, Anchor, Chunk, Outlined
-from codekv.storage import BlobSymbols, IndexStore, StoredBlob, blob_rows
+from codekv.defuse.graph import DefUseGraph, Use, build_graph
+from codekv.defuse.state import BlobInfo, GraphState
+from codekv.index_db import BlobSymbols, IndexStore, StoredBlob, blob_rows
 from codekv.tokens import CounterSpec, default_counter_spec
 
 INDEX_FILE = "index.sqlite"
@@ -270,7 +270,7 @@ class Index:
 
     def _stats(self, files) -> dict:
         """The snapshot's statistics; its def-use graph is stored (updated in place when few
-        files changed, see ``codekv.anchors.state``) unless stored already."""
+        files changed, see ``codekv.defuse.state``) unless stored already."""
         key = self._snapshot_key(files)
         stored = self.store.graph_stats(self.repo_id, key)
         stats = stored[1] if stored is not None else (

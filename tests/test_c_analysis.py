@@ -2,7 +2,7 @@
 
 from conftest import distinct_chunk_ids
 
-from codekv.anchors.graph import ModuleResolver, build_graph
+from codekv.defuse.graph import ModuleResolver, build_graph
 from codekv.index import Index
 from codekv.tokens import CounterSpec
 

@@ -41,17 +41,17 @@ SUMMARY_KEYS = {
 # writes small batches with a pause after each, so a test can kill it between two.
 DRIVER = """
 import sys, time
-import codekv.index, codekv.storage, codekv.tokens
+import codekv.index, codekv.index_db, codekv.tokens
 bytes_spec = lambda: codekv.tokens.CounterSpec("bytes")
 codekv.index.default_counter_spec = codekv.tokens.default_counter_spec = bytes_spec
 if "--slow" in sys.argv:
     sys.argv.remove("--slow")
     codekv.index.BATCH = 4
-    put = codekv.storage.IndexStore.put_analyses
+    put = codekv.index_db.IndexStore.put_analyses
     def slow_put(self, *args):
         put(self, *args)
         time.sleep(0.05)
-    codekv.storage.IndexStore.put_analyses = slow_put
+    codekv.index_db.IndexStore.put_analyses = slow_put
 import codekv
 from codekv.cli import main
 main(sys.argv[1:], prog_name="codekv")

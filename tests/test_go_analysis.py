@@ -2,7 +2,7 @@
 
 import hashlib
 
-from codekv.anchors.graph import ModuleResolver
+from codekv.defuse.graph import ModuleResolver
 from codekv.grammars import GO
 from codekv.index import Index
 from codekv.tokens import CounterSpec

@@ -4,7 +4,7 @@ definition wins, and a name defined in two unimported places is left ambiguous, 
 import pytest
 from conftest import distinct_chunk_ids
 
-from codekv.anchors.graph import ModuleResolver, build_graph
+from codekv.defuse.graph import ModuleResolver, build_graph
 from codekv.index import Index
 from codekv.tokens import CounterSpec
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-import codekv.anchors.state as state
+import codekv.defuse.state as state
 from codekv.index import Index
 from codekv.tokens import CounterSpec
 
@@ -149,7 +149,7 @@ def test_random_edits(git_repo, tmp_path):
 def test_module_resolution_reads_paths_only():
     """Updates keep other files' imports as they were: that holds while ModuleResolver
     answers from the set of paths alone (it gets no file contents here)."""
-    from codekv.anchors.graph import ModuleResolver
+    from codekv.defuse.graph import ModuleResolver
 
     paths = ["pkg/__init__.py", "pkg/core.py", "web/app.ts", "web/util.ts", "src/lib.rs",
              "src/a.rs", "go/store/store.go", "inc/x.h", "inc/x.c", "java/a/b/C.java"]

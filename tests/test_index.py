@@ -9,7 +9,7 @@ from conftest import imported_by
 
 from codekv import gitrepo
 from codekv.index import INDEX_FILE, Index
-from codekv.storage import CorruptIndexError
+from codekv.index_db import CorruptIndexError
 from codekv.tokens import CounterSpec
 
 BYTES = CounterSpec("bytes")

@@ -1,6 +1,6 @@
 """Java chunks, anchors and cross-file resolution against hand-checked fixtures."""
 
-from codekv.anchors.graph import ModuleResolver
+from codekv.defuse.graph import ModuleResolver
 from codekv.index import Index
 from codekv.tokens import CounterSpec
 

@@ -1,6 +1,6 @@
 """JavaScript chunks, anchors, module resolution and def-use links against hand-checked fixtures."""
 
-from codekv.anchors.graph import ModuleResolver
+from codekv.defuse.graph import ModuleResolver
 from codekv.grammars import language_for_path
 from codekv.index import Index
 from codekv.tokens import CounterSpec

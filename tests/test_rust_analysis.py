@@ -1,6 +1,6 @@
 """Rust chunks, anchors and module resolution against hand-checked fixtures."""
 
-from codekv.anchors.graph import ModuleResolver
+from codekv.defuse.graph import ModuleResolver
 from codekv.index import Index
 from codekv.tokens import CounterSpec
 

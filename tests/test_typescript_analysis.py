@@ -3,7 +3,7 @@
 import pytest
 
 from codekv import grammars
-from codekv.anchors.graph import ModuleResolver
+from codekv.defuse.graph import ModuleResolver
 from codekv.index import Index
 from codekv.tokens import CounterSpec
 

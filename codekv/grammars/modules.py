@@ -1,7 +1,7 @@
 """Module resolution: which repository files an import names, one resolver per language.
 
 A ``LanguageSpec`` carries its resolver (``modules``). Resolution reads the set of a
-snapshot's paths only, never file contents (``codekv.anchors.state`` relies on it: a changed
+snapshot's paths only, never file contents (``codekv.defuse.state`` relies on it: a changed
 file cannot move other files' imports).
 """
 

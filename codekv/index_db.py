@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS graphs (
     repo_id INTEGER PRIMARY KEY, snapshot TEXT NOT NULL, stats TEXT NOT NULL, uses BLOB NOT NULL
 );
 -- The def-use graph of the snapshot in ``graphs``, one row per path, so that a changed file
--- updates it in place (codekv/anchors/state.py): the path's uses, and what resolving it
+-- updates it in place (codekv/defuse/state.py): the path's uses, and what resolving it
 -- depended on (its definitions, names only the whole repository decided, files it read).
 CREATE TABLE IF NOT EXISTS graph_files (
     repo_id INTEGER NOT NULL, path TEXT NOT NULL, blob_hash TEXT NOT NULL,
@@ -310,7 +310,7 @@ class IndexStore:
             return None
         return row[0], json.loads(row[1])
 
-    # -- the graph state (codekv/anchors/state.py) ------------------------------------------
+    # -- the graph state (codekv/defuse/state.py) ------------------------------------------
     @_guarded
     def graph_files(self, repo_id: int, paths=None, columns: str = "") -> dict[str, tuple]:
         """path -> (blob hash, language, number of uses, *columns) of the stored graph, for

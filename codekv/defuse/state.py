@@ -29,7 +29,7 @@ import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from codekv.anchors.graph import FileSymbols, ModuleResolver, resolve_file, resolve_snapshot
+from codekv.defuse.graph import FileSymbols, ModuleResolver, resolve_file, resolve_snapshot
 
 # Beyond this many re-resolved files an update is no cheaper than a full build.
 MAX_UPDATED_PATHS = 200
@@ -54,7 +54,7 @@ class BlobInfo:
 
     @classmethod
     def unpack(cls, language: str, syntax_errors, decode_errors, data: dict) -> BlobInfo:
-        """From the symbols ``storage`` packs for each blob (see ``BlobSymbols``): as stored,
+        """From the symbols ``index_db`` packs for each blob (see ``BlobSymbols``): as stored,
         or as a worker made them (``StoredBlob.symbols``). References stay lists."""
         chunks = data["c"]
         anchors = Counter()
@@ -88,7 +88,7 @@ def _unpack(packed: bytes):
 
 
 def _row(path: str, key: tuple[str, str], info: BlobInfo, resolved) -> tuple:
-    """The path's ``graph_files`` row (``storage`` adds the repository)."""
+    """The path's ``graph_files`` row (``index_db`` adds the repository)."""
     basis = {
         "d": sorted(set(info.symbols.defs)),
         "f": sorted(resolved.falls),
