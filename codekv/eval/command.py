@@ -195,6 +195,7 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
     from codekv.eval.support import (
         SupportFileError,
         Thresholds,
+        coverage,
         read_support_document,
         support_document,
         write_json,
@@ -233,6 +234,9 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
     except (ModelLoadError, StoreSpecError, CheckpointMismatch, SupportFileError) as error:
         raise click.ClickException(str(error)) from error
     notes = list(result.notes)
+    covers = coverage(result.measures, result.tasks, result.model)
+    for entry in result.gate:  # what each verdict was measured on: all the gate licenses
+        entry["covers"] = covers.get(entry["workload"])
     if plots:
         made = report.plot(result.rows, [m.as_json() for m in result.measures], plots)
         if isinstance(made, str):
@@ -356,7 +360,12 @@ def _check_held_out(document: dict | None, config) -> None:
 
 def _confirm(path: Path, result, config, command: str) -> list[str]:
     """Write the held-out verdicts into the support file at ``path``; the lines to report."""
-    from codekv.eval.support import confirm_entries, read_support_document, write_json
+    from codekv.eval.support import (
+        confirm_entries,
+        coverage,
+        read_support_document,
+        write_json,
+    )
 
     document = read_support_document(path)  # as it is now, not as it was before the run
     _check_held_out(document, config)
@@ -368,7 +377,8 @@ def _confirm(path: Path, result, config, command: str) -> list[str]:
            "repos": list(config.repos) if any(WORKLOADS[w].needs_index for w in config.workloads)
            else None,
            "seconds": round(result.seconds, 1), "resumed_tasks": result.resumed_tasks,
-           "machine": result.machine}
+           "machine": result.machine,
+           "covers": coverage(result.measures, result.tasks, result.model)}
     lines = confirm_entries(document, result.rows, result.model["family"], run)
     write_json(path, document)
     return [f"support file {path}: {line}" for line in lines]

@@ -21,7 +21,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from codekv.chunks import Chunk
 from codekv.eval.methods import GATE_STRATEGIES
+from codekv.gate import CODE_WORKLOAD, UnreadableSupportFile, read_support_text
 from codekv.models import TRANSFORMERS
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
@@ -132,7 +134,8 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
     Only strategies that passed the entry's evidence run are candidates, held to the entry's
     own thresholds; the cheapest that passes here too becomes the entry's rule. ``run``
     (the command, repositories, seed, seconds, tasks resumed from a checkpoint, machine) is
-    recorded in the entry's ``held_out`` block, which the gate requires. The caller checks
+    recorded in the entry's ``held_out`` block, which the gate requires, with what its tasks
+    covered (``run["covers"]``, by workload: ``coverage``). The caller checks
     beforehand that these tasks are not the evidence's (``codekv.eval.command``).
     """
     created = _now()
@@ -150,6 +153,7 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
         passing = [r for r, why in judged if not why]
         pair = f"{family}/{entry['workload']}"
         held_out = {"generated_by": run["command"], "created": created, "repos": run["repos"],
+                    "covers": run["covers"].get(entry["workload"]),
                     "seed": run["seed"], "seconds": run["seconds"],
                     "resumed_tasks": run.get("resumed_tasks", 0), "machine": run["machine"]}
         if passing:
@@ -176,6 +180,27 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
         held_out["candidates"] = _candidates(judged)
         entry["held_out"] = held_out
     return lines
+
+
+def coverage(measures, tasks, model: dict) -> dict[str, dict]:
+    """What each workload's composed tasks covered, by workload: the model they ran on, the
+    languages of the code chunks in their contexts (code-qa), and the range of their context
+    lengths in tokens (prefix and chunks, as the gate counts a request's). An entry licenses
+    only this (``codekv.gate``)."""
+    lengths: dict[str, list[int]] = {}
+    for measure in measures:
+        if measure.kind == "composition":
+            lengths.setdefault(measure.workload, []).append(measure.context_tokens)
+    out = {}
+    for workload, counts in lengths.items():
+        languages = sorted({item.language for task in tasks if task.workload == workload
+                            for item in task.context if isinstance(item, Chunk)})
+        out[workload] = {
+            "models": [{"fingerprint": model["fingerprint"], "name": model.get("name")}],
+            "languages": languages if workload == CODE_WORKLOAD else None,
+            "context_tokens": {"min": min(counts), "max": max(counts)},
+            "source": "measured: the run's composed tasks"}
+    return out
 
 
 def _now() -> str:
@@ -222,8 +247,8 @@ def read_support_document(path: str | Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        data = json.loads(read_support_text(path))
+    except (UnreadableSupportFile, json.JSONDecodeError) as error:
         raise SupportFileError(f"{path} exists and is not a readable support file ({error}); "
                                "move it away or name another --write-gate file") from error
     if not (isinstance(data, dict) and data.get("format") == 1
