@@ -461,21 +461,41 @@ def support(path, as_json):
         click.echo(json.dumps(_finite({"source": gate.source, "pairs": pairs}), allow_nan=False))
         return
     table = Table(title=f"support gate ({escape(gate.source)})")
-    for name in ("pair", "requests", "rule", "ΔNLL evidence", "ΔNLL held out"):
+    for name in ("pair", "requests", "rule", "model", "languages", "contexts", "ΔNLL evidence",
+                 "ΔNLL held out"):
         table.add_column(name, no_wrap=True)
     for pair in pairs:
         held_out = pair["held_out"] or {"measured": {}}
         table.add_row(escape(pair["pair"]),
                       "[green]composed[/green]" if pair["supported"] else "[red]full prefill[/red]",
-                      _rule_shown(pair),
+                      _rule_shown(pair), *_covers_shown(pair["covers"]),
                       *(ci(m.get("delta_nll"), m.get("delta_nll_ci"), "+.3f")
                         if not pair["problems"] else "-"
                         for m in (pair["evidence"]["measured"], held_out["measured"])))
-    wide = Console(width=max(140, console.width))  # the table needs room, even in a pipe
+    wide = Console(width=max(180, console.width))  # the table needs room, even in a pipe
     wide.print(table)
     for pair in pairs:
         wide.print(f"{pair['pair']}: {pair['reason']}", highlight=False, markup=False)
-    wide.print("Pairs not listed have no evidence: their requests fall back to full prefill.")
+        covers = pair["covers"]
+        if covers:
+            models = ", ".join(f"{m['name'] or 'unnamed'} (fingerprint {m['fingerprint']})"
+                               for m in covers["models"])
+            wide.print(f"  covers {models}", highlight=False, markup=False)
+    wide.print("Pairs not listed have no evidence: their requests fall back to full prefill. An "
+               "entry licenses only the models, code languages and context lengths it covers.")
+
+
+def _covers_shown(covers: dict | None) -> tuple[str, str, str]:
+    """The model, languages and context range an entry covers, as table cells."""
+    if covers is None:
+        return "[red]not said[/red]", "-", "-"
+    names = [m["name"].split(" (")[0] if m["name"] else m["fingerprint"][:12]
+             for m in covers["models"]]
+    languages = covers["languages"]
+    low, high = covers["context_tokens"]["min"], covers["context_tokens"]["max"]
+    return (escape(", ".join(names)) or "none",
+            "-" if languages is None else escape(", ".join(languages)) or "none",
+            f"{low:,}-{high:,}" if low is not None else f"up to {high:,}")
 
 
 def _rule_shown(pair: dict) -> str:

@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import missing, require
+from conftest import covering, missing, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
@@ -208,9 +208,10 @@ def test_the_gate_needs_llama_cpp_evidence(tiny_llama, tmp_path):
     assert result.status == FULL_PREFILL
     assert result.report.fallback_reason == (
         "unsupported: no evidence for llama/rag on llama.cpp (t)")
-    licensed = SupportGate([{"backend": "llama.cpp", "family": "llama", "workload": "rag",
-                             "passed": True, "strategy": "boundary", "ratio": 0.15,
-                             "held_out": {"passed": True}}], "t")
+    licensed = SupportGate([covering({"backend": "llama.cpp", "family": "llama",
+                                      "workload": "rag", "passed": True, "strategy": "boundary",
+                                      "ratio": 0.15, "held_out": {"passed": True}},
+                                     tiny_llama.info.fingerprint)], "t")
     allowed = composer(tiny_llama, tmp_path, experimental=False, gate=licensed)
     assert allowed.compose([A, B], QUERY, strategy="boundary").status == COMPOSED
     # strategy="auto" takes the rule from this engine's evidence only.

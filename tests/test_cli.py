@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import imported_by
+from conftest import TEST_MODEL, covering, imported_by
 
 import codekv
 from codekv.cli import main
@@ -491,11 +491,13 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
     monkeypatch.delenv("CODEKV_SUPPORT", raising=False)
     query = {"delta_nll": -0.004, "delta_nll_ci": [-0.044, 0.036]}
     entries = [
-        {"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
-         "ratio": 0.15, "method": "query@0.15", "measured": query, "reason": "meets all",
-         "generated_by": "codekv eval --tasks 100", "created": "2026-12-01T00:00:00Z",
-         "held_out": {"passed": True, "generated_by": "codekv eval --repo x",
-                      "measured": {"delta_nll": 0.01, "delta_nll_ci": [-0.02, 0.04]}}},
+        covering({"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
+                  "ratio": 0.15, "method": "query@0.15", "measured": query,
+                  "reason": "meets all", "generated_by": "codekv eval --tasks 100",
+                  "created": "2026-12-01T00:00:00Z",
+                  "held_out": {"passed": True, "generated_by": "codekv eval --repo x",
+                               "measured": {"delta_nll": 0.01, "delta_nll_ci": [-0.02, 0.04]}}},
+                 languages=["python", "go"], max_tokens=4096),
         {"family": "llama", "workload": "rag", "passed": True, "method": "query@0.25"},
         {"backend": "llama.cpp", "family": "llama", "workload": "tool-docs", "passed": False,
          "method": None, "closest": "boundary@0.15"},
@@ -512,8 +514,17 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
     assert rag["reason"] == ("unsupported: llama/rag passed its evaluation but was not confirmed "
                              "on held-out tasks")
     assert (docs["engine"], docs["supported"]) == ("llama.cpp", False)
+    assert code["covers"] == {"models": [{"fingerprint": TEST_MODEL, "name": "a test model"}],
+                              "languages": ["go", "python"],
+                              "context_tokens": {"min": None, "max": 4096}}
+    assert code["evidence"]["covers"] == code["held_out"]["covers"] == entries[0]["covers"]
+    assert rag["covers"] is None and rag["evidence"]["covers"] is None
     text = cli("support", "--file", path).stdout
     assert "-0.004 [-0.044, +0.036]" in text and "+0.010 [-0.020, +0.040]" in text
+    row = " ".join(text.split("llama/code-qa")[1].split("\n")[0].split())
+    assert row.startswith("│ composed │ query@0.15 │ a test model │ go, python │ up to 4,096 │")
+    assert f"covers a test model (fingerprint {TEST_MODEL})" in text
+    assert "│ llama/rag │ full prefill │ query@0.25 │ not said │ - │ - │" in " ".join(text.split())
     assert "llama/tool-docs on llama.cpp: unsupported: llama/tool-docs on llama.cpp failed" in text
     assert "closest boundary@0.15" in text
     # The shipped file by default; a broken file is a clear error.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_FAMILIES
+from conftest import TINY_FAMILIES, covering
 
 from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL, Composer, Passage
 from codekv.conditioning import CONDITIONINGS
@@ -229,9 +229,10 @@ def test_unsupported_without_evidence_falls_back_to_full_prefill(tiny_backend, t
     assert gated.counters.exact_prefix_misses == gated.counters.exact_prefix_hits == 0
     assert entry_files(tmp_path) == []  # a refused request stores nothing
     assert_exact(result, gated.full_prefill([A, B], QUERY, prefix=PREFIX))
-    passed = SupportGate([{"family": "llama", "workload": "rag", "passed": True,
-                           "strategy": "boundary", "ratio": 0.15,
-                           "held_out": {"passed": True}}], "test")
+    passed = SupportGate([covering({"family": "llama", "workload": "rag", "passed": True,
+                                    "strategy": "boundary", "ratio": 0.15,
+                                    "held_out": {"passed": True}}, backend.info.fingerprint)],
+                         "test")
     allowed = make_composer(backend, tmp_path, experimental=False, gate=passed)
     assert allowed.compose([A, B], QUERY, strategy="all").status == COMPOSED
 
@@ -242,12 +243,13 @@ def test_auto_composes_with_the_rule_the_support_file_passed(tiny_backend, tmp_p
     from codekv.eval.support import support_document, write_json
 
     support = tmp_path / "support.json"
-    write_json(support, support_document([
+    model = tiny_backend("llama").info.fingerprint
+    write_json(support, support_document([covering(entry, model) for entry in (
         {"family": "llama", "workload": "rag", "passed": True, "strategy": "boundary",
          "ratio": 0.25, "held_out": {"passed": True}},
         {"family": "llama", "workload": "tool-docs", "passed": False, "strategy": None,
          "ratio": None},
-    ], "codekv eval ...", {"family": "llama"}, {}))
+    )], "codekv eval ...", {"family": "llama"}, {}))
     assert json.loads(support.read_text())["entries"][0]["strategy"] == "boundary"
     gated = make_composer(tiny_backend("llama"), tmp_path, experimental=False,
                           gate=SupportGate.load(support))
@@ -269,10 +271,10 @@ def test_auto_composes_with_the_rule_the_support_file_passed(tiny_backend, tmp_p
     assert anyway.status == COMPOSED and anyway.report.strategy == "query"
     assert passages.report.conditioning == "prefix"  # the composer's: the entry names none
     graph = make_composer(tiny_backend("llama"), tmp_path, experimental=False,
-                          gate=SupportGate([{"family": "llama", "workload": "rag",
-                                             "passed": True, "strategy": "boundary",
-                                             "ratio": 0.25, "conditioning": "none",
-                                             "held_out": {"passed": True}}]))
+                          gate=SupportGate([covering({"family": "llama", "workload": "rag",
+                                                      "passed": True, "strategy": "boundary",
+                                                      "ratio": 0.25, "conditioning": "none",
+                                                      "held_out": {"passed": True}}, model)]))
     assert graph.compose([A, B], QUERY, prefix=PREFIX).report.conditioning == "none"
     chosen = graph.compose([A, B], QUERY, prefix=PREFIX, conditioning="prefix")
     assert chosen.report.conditioning == "prefix"  # the caller's choice wins
