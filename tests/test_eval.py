@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import fake_measure, missing
+from conftest import fake_measure, in_time, missing
 
 from codekv.cli import main
 from codekv.compose import Composer, Passage
@@ -463,6 +464,10 @@ def test_write_gate_refuses_to_replace_a_file_that_is_not_a_support_file(tmp_pat
     result = CliRunner().invoke(main, ["eval", "--quick", "--write-gate", str(notes)])
     assert result.exit_code != 0 and "not a codekv support file" in result.output
     assert notes.read_text() == "[]"  # untouched, and refused before any model loads
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(SupportFileError, match="not a regular file .* move it away"):
+        in_time(lambda: read_support_document(fifo))
 
 
 def test_shipped_support_file_is_a_generated_document():

@@ -4,11 +4,10 @@ licenses only evidence confirmed on held-out tasks."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
-from conftest import TEST_MODEL, covering
+from conftest import TEST_MODEL, covering, in_time
 
 from codekv.gate import SupportGate
 
@@ -363,23 +362,13 @@ def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens
     assert not gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).allowed
 
 
-def _in_time(call, seconds: float = 20.0):
-    """``call()``'s result, failing (not hanging) when it does not return in time."""
-    done = []
-    worker = threading.Thread(target=lambda: done.append(call()), daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert done, f"still reading after {seconds:.0f} s"
-    return done[0]
-
-
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):
     import codekv.gate
 
     fifo = tmp_path / "support.fifo"
     os.mkfifo(fifo)
     for path in (fifo, Path("/dev/zero")):
-        gate = _in_time(lambda path=path: SupportGate.load(path))
+        gate = in_time(lambda path=path: SupportGate.load(path))
         assert gate.error == (f"cannot read the support file {path}: not a regular file (a "
                               "FIFO, device or socket); a support file is a JSON file")
         assert not gate.verdict("llama", "code-qa").allowed
