@@ -399,7 +399,7 @@ def test_code_in_another_language_or_a_longer_context_than_the_evidence_is_refus
         tiny_backend, git_repo, tmp_path):
     from codekv.compose import COMPOSED, FULL_PREFILL, Composer
     from codekv.index import Index
-    from codekv.kvstore import LocalKVStore
+    from codekv.stores.local import LocalKVStore
     from codekv.tokens import CounterSpec
 
     git_repo.commit(SOURCES)

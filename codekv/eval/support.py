@@ -21,10 +21,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from codekv.backends.engines import TRANSFORMERS
 from codekv.chunks import Chunk
 from codekv.eval.methods import GATE_STRATEGIES
 from codekv.gate import CODE_WORKLOAD, UnreadableSupportFile, read_support_text
-from codekv.models import TRANSFORMERS
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
                  "decisive_agreement", "near_ties", "edit_similarity", "score_drop",
