@@ -336,3 +336,31 @@ def test_supported_configs_are_not_refused():
     yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
             "original_max_position_embeddings": 128}
     assert unsupported_reason(tiny_model("llama", rope_parameters=yarn).config) is None
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_a_states_prefix_continued_equals_full_prefill(tiny_backend, family):
+    """What a server's exact-prefix cache does: a finished request's KV (``state_kv``), cut to
+    a common prefix (``head``), then the rest of a new prompt, is full prefill of the new one."""
+    backend = tiny_backend(family)
+    first, second = token_ids(40, seed=1), token_ids(40, seed=1)[:25] + token_ids(12, seed=2)
+    state = backend.full_prefill(first)
+    kv = backend.state_kv(state, len(first))
+    backend.generate(state, 4)  # the state goes on; the copy does not move
+    assert kv.n_tokens == 40 and kv.nbytes() > 0
+    context = backend.head(kv, 25)
+    continued = backend.recompute(second[:25], context, [], second[25:])
+    assert_same_state(continued, backend.full_prefill(second))
+    with pytest.raises(ValueError, match="41 tokens"):
+        backend.head(kv, 41)
+
+
+def test_end_tokens_hold_the_tokenizers_and_the_generation_configs(tiny_backend):
+    backend = tiny_backend("llama")
+    eos = backend.tokenizer.eos_token_id
+    assert eos in backend.end_token_ids
+    backend.model.generation_config.eos_token_id = [7, 9]
+    try:
+        assert backend.end_token_ids == {eos, 7, 9}
+    finally:
+        backend.model.generation_config.eos_token_id = None

@@ -398,3 +398,19 @@ def test_eval_on_llama_cpp_refuses_what_it_cannot_run_and_keys_the_gate(tiny_ggu
     assert (entry["backend"], entry["family"], entry["workload"]) == ("llama.cpp", "llama", "rag")
     assert not SupportGate([entry], "eval").verdict("llama", "rag").allowed  # not transformers
 
+
+
+def test_a_states_prefix_continued_matches_the_same_batches(tiny_llama):
+    """A finished request's cells (``state_kv``), cut to a common prefix (``head``), then the
+    rest of a new prompt: what llama.cpp gives decoding the new prompt in those two batches."""
+    first = tiny_llama.tokenize(A.text + B.text)
+    second = first[:20] + tiny_llama.tokenize(C.text)
+    state = tiny_llama.full_prefill(first)
+    kv = tiny_llama.state_kv(state, len(first))
+    assert kv.n_tokens == len(first) and kv.nbytes() > 0
+    context = tiny_llama.head(kv, 20)
+    continued = tiny_llama.recompute(second[:20], [context], [], second[20:])
+    reference = tiny_llama.batch_reference(second, [20])
+    assert max_diff(continued.logits, reference.logits) <= SAME_BATCHES
+    assert tiny_llama.end_token_ids and all(t < tiny_llama.n_vocab
+                                            for t in tiny_llama.end_token_ids)

@@ -67,6 +67,8 @@ class ChunkState(Protocol):
     @property
     def n_tokens(self) -> int: ...
 
+    def nbytes(self) -> int: ...
+
 
 class RequestState(Protocol):
     """A request's own KV (never shared with the chunk store) and its next-token logits; each
@@ -98,6 +100,10 @@ class Backend(Protocol):
     def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
 
     def detokenize(self, token_ids: list[int]) -> str: ...
+
+    # Tokens that end a reply: the tokenizer's end of sequence and the model's own end of turn
+    # (a chat template's ``<|im_end|>``), which a server stops at.
+    end_token_ids: frozenset[int]
 
     # -- chunk KV --------------------------------------------------------------------------
     def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> Any: ...
@@ -135,6 +141,16 @@ class Backend(Protocol):
         """``state``'s tokens decoded in the batches that built it, without composition: the
         engine's noise floor where its numerics depend on batch shapes (llama.cpp); None
         where they do not (transformers)."""
+        ...
+
+    # -- exact prefixes (a server keeps recent requests' KV and reuses their common prefix) ---
+    def state_kv(self, state: RequestState, n_tokens: int) -> Any:
+        """The KV of the state's first ``n_tokens`` as chunk KV at position 0: a copy, the
+        state goes on."""
+        ...
+
+    def head(self, kv: Any, n_tokens: int) -> Any:
+        """The KV of ``kv``'s first ``n_tokens``, at the same positions."""
         ...
 
 

@@ -169,6 +169,17 @@ class HFBackend:
     def eos_token_id(self) -> int | None:
         return self.tokenizer.eos_token_id
 
+    @property
+    def end_token_ids(self) -> frozenset[int]:
+        """The tokenizer's end of sequence and the generation config's (a GGUF converted by
+        transformers names ``<|im_start|>`` the former and ``<|im_end|>`` the latter)."""
+        config = getattr(self.model, "generation_config", None)
+        ends = getattr(config, "eos_token_id", None)
+        ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+        if self.tokenizer.eos_token_id is not None:
+            ends.append(self.tokenizer.eos_token_id)
+        return frozenset(ends)
+
     # -- KV ------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> ChunkKV:
@@ -400,6 +411,22 @@ class HFBackend:
 
     def kv_bytes(self, state: HFRequest) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in state.cache.layers)
+
+    def state_kv(self, state: RequestState, n_tokens: int) -> ChunkKV:
+        """The state's first ``n_tokens`` as chunk KV at position 0 (copied: generation goes
+        on in the state's own cache)."""
+        if not 0 < n_tokens <= state.length:
+            raise ValueError(f"{n_tokens} tokens of a state of {state.length}")
+        layers = state.cache.layers
+        return ChunkKV([layer.keys[0, :, :n_tokens].clone() for layer in layers],
+                       [layer.values[0, :, :n_tokens].clone() for layer in layers], 0)
+
+    def head(self, kv: ChunkKV, n_tokens: int) -> ChunkKV:
+        """``kv``'s first ``n_tokens`` (views: cached KV is never written to)."""
+        if not 0 < n_tokens <= kv.n_tokens:
+            raise ValueError(f"{n_tokens} tokens of chunk KV of {kv.n_tokens}")
+        return ChunkKV([k[:, :n_tokens] for k in kv.keys], [v[:, :n_tokens] for v in kv.values],
+                       kv.start)
 
     @torch.inference_mode()
     def generate(self, state: HFRequest, max_new_tokens: int) -> list[int]:

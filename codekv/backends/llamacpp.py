@@ -84,6 +84,9 @@ class SequenceState:
     saved_at: int
     start: int
 
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
 
 @dataclass
 class LlamaRequest:
@@ -143,6 +146,7 @@ class LlamaCppBackend:
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(n_batch, 0, 1)
         self._ticket = 0  # bumped whenever sequence 0 is given to another request
+        self._ends: frozenset[int] | None = None  # end-of-generation tokens, found on first use
         digest = gguf_digest or file_digest(self.path)
         self.engine_version = (f"llama-cpp-python {L.__version__}, "
                                f"llama.cpp {L.llama_version().decode()}")
@@ -463,6 +467,41 @@ class LlamaCppBackend:
     def kv_bytes(self, state: LlamaRequest) -> int:
         self._check(state)
         return int(self._L.llama_state_seq_get_size(self._ctx, REQUEST))
+
+    @property
+    def end_token_ids(self) -> frozenset[int]:
+        """The vocabulary's end-of-generation tokens (what ``generate`` stops at)."""
+        if self._ends is None:
+            self._ends = frozenset(t for t in range(self.n_vocab) if self._is_end(t))
+        return self._ends
+
+    def state_kv(self, state: LlamaRequest, n_tokens: int) -> SequenceState:
+        """The request's first ``n_tokens`` cells saved as a sequence state at position 0."""
+        self._check(state)
+        if not 0 < n_tokens <= state.length:
+            raise ValueError(f"{n_tokens} tokens of a state of {state.length}")
+        L, mem = self._L, self._mem
+        L.llama_memory_seq_cp(mem, REQUEST, CHUNK, 0, n_tokens)
+        try:
+            return self._save(CHUNK, n_tokens, 0)
+        finally:
+            L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
+
+    def head(self, kv: SequenceState, n_tokens: int) -> SequenceState:
+        """``kv``'s first ``n_tokens`` cells (restored, cut and saved again: like
+        ``prefill_chunk``, this takes the context, so an earlier request state is unusable)."""
+        if not 0 < n_tokens <= kv.n_tokens:
+            raise ValueError(f"{n_tokens} tokens of a sequence state of {kv.n_tokens}")
+        if n_tokens == kv.n_tokens:
+            return kv
+        self._take_context()
+        L, mem = self._L, self._mem
+        self._restore(kv, CHUNK)
+        L.llama_memory_seq_rm(mem, CHUNK, kv.saved_at + n_tokens, -1)
+        try:
+            return replace(self._save(CHUNK, n_tokens, kv.saved_at), start=kv.start)
+        finally:
+            L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
 
 THREADS_ENV = "CODEKV_LLAMA_THREADS"
