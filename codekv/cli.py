@@ -511,4 +511,12 @@ def _register_eval() -> None:
     main.add_command(eval_command)
 
 
+def _register_serve() -> None:
+    """``codekv serve`` lives in codekv.serve.command (its server stack loads when run)."""
+    from codekv.serve.command import serve_command
+
+    main.add_command(serve_command)
+
+
 _register_eval()
+_register_serve()

@@ -373,6 +373,17 @@ class Composer:
         query_ids = self.backend.tokenize(query) if query else []
         return Request(prefix_ids, [self._piece(item) for item in chunks], query_ids)
 
+    def chunk_key(self, piece: RequestPiece, after: list[int]) -> KVKey:
+        """The store key of ``piece``'s KV computed after the tokens ``after``, in this
+        composer's scope."""
+        return self._key(piece, after)
+
+    def chunk_kv(self, piece: RequestPiece, after: list[int], report: Report | None = None
+                 ) -> tuple[object, bool]:
+        """``piece``'s KV computed after ``after``: the store's, else computed and stored; and
+        whether the store had it. What a server composing its own segments calls."""
+        return self._chunk_kv(piece, self._key(piece, after), after, report)
+
     # -- steps ---------------------------------------------------------------------------
     def _supported_rule(self, request: Request) -> tuple[str, float, str | None]:
         """The rule, ratio and conditioning the support file records for the request's

@@ -1,0 +1,424 @@
+"""The server's request pipeline: one request at a time on the model, in a worker thread.
+
+A request's prompt is rendered (the model's own chat template) and tokenized, then built in
+three parts, each counted apart:
+
+1. the exact prefix: the longest common token prefix with a recent prompt of the same scope
+   (``codekv.serve.prefix``), its KV used as it is;
+2. after it, up to the last segment found in the chunk store: segments whose class the gate
+   licenses (or every class with ``experimental``) and whose KV the store holds are composed
+   (re-positioned, a share of their tokens recomputed by the rule); every other token there
+   (message headers, new or unlicensed segments) is computed in place, against the whole
+   context, exactly as a full prefill would;
+3. the rest is prefilled after it.
+
+New segments of a licensed class are stored for next time (computed after what their key says)
+once the reply is done. Only KV that is exact (a full prefill's, an exact prefix's, a composed
+request's tokens before its first reused segment) enters the exact-prefix cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from codekv.compose import (
+    AUTO,
+    COMPOSED,
+    DEFAULT_RATIO,
+    DEFAULT_STRATEGY,
+    EXACT_PREFIX,
+    FULL_PREFILL,
+    Composer,
+    RequestPiece,
+    query_probe_layers,
+)
+from codekv.gate import WORKLOADS, SupportGate
+from codekv.selection import Segment as SelectionSegment
+from codekv.selection import SelectionContext
+from codekv.selection import strategy as make_strategy
+from codekv.serve import segments as seg
+from codekv.serve.prefix import ExactPrefixLRU
+
+log = logging.getLogger("codekv.serve")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and an OpenAI error's fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (
+            status, message, param, code, kind)
+
+
+@dataclass
+class Prompt:
+    """What a request asks the model to continue: the rendered text, the message contents and
+    tool descriptions in it, and the characters of its leading system message."""
+
+    text: str
+    contents: list[str]
+    tool_docs: list[str] = field(default_factory=list)
+    system_end: int = 0  # characters [0, system_end) hold the leading system message
+
+
+@dataclass
+class Sampling:
+    max_tokens: int | None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """What happened to a request's prompt: the ``codekv`` object of a response."""
+
+    status: str = FULL_PREFILL
+    prompt_tokens: int = 0
+    exact_prefix_tokens: int = 0
+    reused_tokens: int = 0  # served from the chunk store and not recomputed
+    recomputed_tokens: int = 0  # reused segments' tokens the rule recomputed
+    prefilled_tokens: int = 0  # computed fresh: never reused
+    strategy: str | None = None
+    ratio: float | None = None
+    fallback_reason: str | None = None
+    ttft_s: float = 0.0
+    queue_s: float = 0.0
+    segments: int = 0  # reusable segments found after the exact prefix
+    segments_reused: int = 0
+    segments_stored: int = 0
+    store_error: str | None = None
+
+    def as_json(self) -> dict:
+        data = dict(self.__dict__)
+        data["ttft_s"] = round(self.ttft_s, 4)
+        data["queue_s"] = round(self.queue_s, 4)
+        return data
+
+
+@dataclass
+class Job:
+    """One request for the worker; ``emit`` receives its events, from the worker's thread:
+    ("prefilled", Outcome), ("text", str), ("done", finish_reason, completion_tokens),
+    ("error", RequestError)."""
+
+    scope: str
+    prompt: Callable[[], Prompt]
+    sampling: Sampling
+    emit: Callable[[tuple], None]
+    chat: bool = True
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Engine:
+    """The warm model, the chunk store and the gate, and the one worker that uses them."""
+
+    def __init__(self, backend, store, gate: SupportGate, *, experimental: bool = False,
+                 strategy: str = AUTO, ratio: float | None = None,
+                 min_segment_tokens: int = seg.MIN_TOKENS,
+                 known_code: frozenset[str] = frozenset(), max_queue: int = 16,
+                 prefix_budget_bytes: int | None = None):
+        self.backend = backend
+        self.store = store
+        self.gate = gate
+        self.experimental = experimental
+        self.strategy = strategy
+        self.ratio = ratio
+        self.min_segment_tokens = min_segment_tokens
+        self.known_code = known_code
+        self.prefix = (ExactPrefixLRU(prefix_budget_bytes) if prefix_budget_bytes is not None
+                       else ExactPrefixLRU())
+        self._composers: dict[str, Composer] = {}
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.busy = False
+        self._worker = threading.Thread(target=self._run, name="codekv-serve-worker",
+                                        daemon=True)
+        self._worker.start()
+
+    # -- the queue -----------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; ``QueueFull`` when ``max_queue`` requests already wait."""
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull() from None
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._worker.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                continue
+            self.busy = True
+            try:
+                self._serve(job)
+            except RequestError as error:
+                job.emit(("error", error))
+            except Exception as error:  # the server goes on serving the others
+                log.exception("request failed")
+                job.emit(("error", RequestError(500, f"internal error: {type(error).__name__}: "
+                                                     f"{error}", kind="server_error")))
+            finally:
+                self.busy = False
+
+    # -- one request ---------------------------------------------------------------------
+    def _serve(self, job: Job) -> None:
+        started = time.perf_counter()
+        backend = self.backend
+        prompt = job.prompt()
+        ids, offsets = backend.tokenize_with_offsets(prompt.text)
+        limit = backend.info.max_positions
+        if not ids:
+            raise RequestError(400, "the prompt is empty", "messages" if job.chat else "prompt")
+        if len(ids) >= limit:
+            raise RequestError(400, f"the prompt is {len(ids)} tokens: the model's context is "
+                                    f"{limit} (and the reply needs room)",
+                               "messages" if job.chat else "prompt", "context_length_exceeded")
+        spans = seg.prompt_spans(prompt.text, prompt.contents, prompt.tool_docs,
+                                 self.known_code)
+        segments = seg.token_segments(spans, offsets, ids, self.min_segment_tokens)
+        system_tokens = sum(1 for _, end in offsets if end <= prompt.system_end)
+        outcome = Outcome(prompt_tokens=len(ids), queue_s=started - job.queued_at)
+        state, pending = self._prefill(job.scope, ids, segments, system_tokens, outcome)
+        outcome.ttft_s = time.perf_counter() - started
+        outcome.store_error = self.store.error
+        job.emit(("prefilled", outcome))
+        finish, count = self._generate(state, job)
+        job.emit(("done", finish, count))
+        composer = self._composer(job.scope)
+        for piece, after in pending:  # for next time, once the reply is out
+            composer.chunk_kv(piece, after)
+
+    def _composer(self, scope: str) -> Composer:
+        if scope not in self._composers:
+            self._composers[scope] = Composer(self.backend, store=self.store, scope=scope,
+                                              gate=self.gate, experimental=self.experimental)
+        return self._composers[scope]
+
+    def _verdict(self, kind: str):
+        info = self.backend.info
+        return self.gate.verdict(info.family, WORKLOADS[kind], info.engine)
+
+    def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
+                 system_tokens: int, outcome: Outcome):
+        """The request state of ``ids`` and the segments to store after the reply."""
+        backend = self.backend
+        n, prefix_kv = self.prefix.longest(scope, ids)
+        n = min(n, len(ids) - 1)  # the last token's logits are computed, never cached
+        composer = self._composer(scope)
+        candidates = [s for s in segments if s.start >= n]
+        outcome.segments = len(candidates)
+        refusals: dict[str, str] = {}
+        licensed = []
+        for segment in candidates:
+            verdict = self._verdict(segment.kind)
+            if verdict.allowed or self.experimental:
+                licensed.append((segment, verdict))
+            else:
+                refusals.setdefault(segment.kind, verdict.reason)
+        if backend.info.unsupported:
+            refusals = {"model": f"unsupported: {backend.info.unsupported}"}
+            licensed = []
+
+        def after(segment: seg.Segment) -> list[int]:
+            return ids[:system_tokens] if segment.start >= system_tokens else []
+
+        def piece(segment: seg.Segment) -> RequestPiece:
+            return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
+                                None, [], {"kind": segment.kind, "source": "serve"})
+
+        hits, pending = [], []
+        for segment, verdict in licensed:
+            p = piece(segment)
+            if self.store.contains(composer.chunk_key(p, after(segment))):
+                hits.append((segment, verdict, p))
+            else:
+                pending.append((p, after(segment)))
+        outcome.fallback_reason = "; ".join(sorted(set(refusals.values()))) or None
+        state = None
+        if hits:
+            try:
+                state, exact = self._compose(composer, ids, n, prefix_kv, hits, after, outcome)
+            except Exception as error:  # noqa: BLE001 - any failure falls back, with its reason
+                log.warning("composition failed: %s", error)
+                outcome.fallback_reason = f"composition failed: {error}"
+                state = None
+        if state is None:
+            outcome.strategy = outcome.ratio = None
+            outcome.reused_tokens = outcome.recomputed_tokens = 0
+            outcome.segments_reused = 0
+            if n:
+                state = backend.recompute(ids[:n], backend.head(prefix_kv, n), [], ids[n:])
+                outcome.status = EXACT_PREFIX
+            else:
+                state = backend.full_prefill(ids)
+                outcome.status = FULL_PREFILL
+            outcome.exact_prefix_tokens = n
+            outcome.prefilled_tokens = len(ids) - n
+            exact = len(ids)
+        if exact > 0:  # composed: only the tokens before its first reused segment are exact
+            kv = backend.state_kv(state, exact)
+            self.prefix.put(scope, ids[:exact], kv, kv.nbytes())
+        outcome.segments_stored = len(pending)
+        return state, pending
+
+    def _rule(self, verdicts) -> tuple[str, float]:
+        if self.strategy != AUTO:
+            return self.strategy, DEFAULT_RATIO if self.ratio is None else self.ratio
+        allowed = [v for v in verdicts if v.allowed and v.strategy]
+        if not allowed:  # experimental, without evidence
+            return DEFAULT_STRATEGY, DEFAULT_RATIO
+        chosen = max(allowed, key=lambda v: (v.ratio or 0.0, v.strategy))
+        return chosen.strategy, chosen.ratio or 0.0
+
+    def _compose(self, composer: Composer, ids, n, prefix_kv, hits, after, outcome: Outcome):
+        backend = self.backend
+        name, ratio = self._rule([verdict for _, verdict, _ in hits])
+        selection = make_strategy(name)
+        for needed, refusal in ((selection.needs_deviation, backend.deviation_refusal),
+                                (selection.needs_relevance, backend.relevance_refusal)):
+            if needed and refusal:
+                raise RuntimeError(f"strategy {name}: {refusal}")
+        reused, kvs = [], []
+        for segment, _, p in hits:
+            kv, hit = composer.chunk_kv(p, after(segment))
+            if hit:
+                reused.append(segment)
+            kvs.append((segment, kv, hit))
+        if not reused:
+            raise RuntimeError("the stored segments could not be read")
+        end = max(s.end for s in reused)
+        parts = [backend.head(prefix_kv, n)] if n else []
+        cursor = n
+        computed: list[int] = []  # positions computed in place
+        for segment, kv, hit in kvs:
+            if segment.end > end:
+                break
+            if segment.start > cursor:  # the text between: computed in place
+                glue = backend.prefill_chunk(ids[cursor:segment.start])
+                parts.append(backend.reposition(glue, cursor))
+                computed += range(cursor, segment.start)
+            parts.append(backend.reposition(kv, segment.start))
+            if not hit:
+                computed += range(segment.start, segment.end)
+            cursor = segment.end
+        context = backend.concat(parts)
+        context_ids, query_ids = ids[:end], ids[end:]
+        hit_tokens = sum(s.length for s in reused)
+        relevance_cache: list[torch.Tensor] = []
+
+        def relevance() -> torch.Tensor:
+            if not relevance_cache:
+                layers = query_probe_layers(backend.info.n_layers)
+                relevance_cache.append(backend.query_relevance(context, query_ids, layers))
+            return relevance_cache[0]
+
+        def deviation() -> torch.Tensor:
+            return backend.kv_deviation(context_ids, context)
+
+        query_text = backend.detokenize(query_ids)
+        selection_context = SelectionContext(
+            end, n, [SelectionSegment(s.start, s.length) for s in reused],
+            round(ratio * hit_tokens), deviation, frozenset(IDENTIFIER.findall(query_text)),
+            relevance if query_ids else None, backend.info.key_cost,
+        )
+        inside = {p for s in reused for p in range(s.start, s.end)}
+        chosen = sorted(set(selection.select(selection_context)) & inside)
+        state = backend.recompute(context_ids, context, sorted(set(computed) | set(chosen)),
+                                  query_ids)
+        outcome.status = COMPOSED
+        outcome.strategy, outcome.ratio = name, ratio
+        outcome.exact_prefix_tokens = n
+        outcome.recomputed_tokens = len(chosen)
+        outcome.reused_tokens = hit_tokens - len(chosen)
+        outcome.prefilled_tokens = len(ids) - n - hit_tokens
+        outcome.segments_reused = len(reused)
+        return state, reused[0].start
+
+    # -- the reply -----------------------------------------------------------------------
+    def _generate(self, state, job: Job) -> tuple[str, int]:
+        """Sample the reply into ``job.emit`` as text deltas; (finish_reason, tokens)."""
+        backend, sampling = self.backend, job.sampling
+        room = backend.info.max_positions - state.length
+        budget = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        generator = None
+        if sampling.temperature > 0:
+            generator = torch.Generator()
+            generator.manual_seed(sampling.seed if sampling.seed is not None
+                                  else int.from_bytes(os.urandom(8), "little"))
+        ends = backend.end_token_ids
+        tokens: list[int] = []
+        sent = 0
+        finish = "length"
+        holdback = max((len(s) for s in sampling.stop), default=1) - 1
+        while len(tokens) < budget and not job.cancelled.is_set():
+            token = pick(state.logits, sampling.temperature, sampling.top_p, generator)
+            if token in ends:
+                finish = "stop"
+                break
+            tokens.append(token)
+            text = backend.detokenize(tokens)
+            cut = first_stop(text, sampling.stop)
+            if cut is not None:
+                if cut > sent:
+                    job.emit(("text", text[sent:cut]))
+                return "stop", len(tokens)
+            safe = len(text) - holdback
+            while safe > sent and text[safe - 1] == "\ufffd":  # an unfinished character
+                safe -= 1
+            if safe > sent:
+                job.emit(("text", text[sent:safe]))
+                sent = safe
+            if len(tokens) < budget:
+                backend.extend(state, [token])
+        text = backend.detokenize(tokens)
+        if len(text) > sent:
+            job.emit(("text", text[sent:]))
+        return finish, len(tokens)
+
+
+def pick(logits: torch.Tensor, temperature: float, top_p: float,
+         generator: torch.Generator | None) -> int:
+    """Greedy at temperature 0; else a sample from the nucleus ``top_p`` at ``temperature``."""
+    if temperature <= 0 or generator is None:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        ordered, order = probs.sort(descending=True)
+        keep = ordered.cumsum(0) - ordered < top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def first_stop(text: str, stops: list[str]) -> int | None:
+    """Where the first stop string starts in ``text``, or None."""
+    found = [text.find(s) for s in stops if s and s in text]
+    return min(found) if found else None
+
