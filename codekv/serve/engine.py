@@ -149,6 +149,7 @@ class Engine:
         self._composers: dict[str, Composer] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.busy = False
+        self.cancelled = 0  # requests whose client left before their reply was done
         self._worker = threading.Thread(target=self._run, name="codekv-serve-worker",
                                         daemon=True)
         self._worker.start()
@@ -378,7 +379,10 @@ class Engine:
         sent = 0
         finish = "length"
         holdback = max((len(s) for s in sampling.stop), default=1) - 1
-        while len(tokens) < budget and not job.cancelled.is_set():
+        while len(tokens) < budget:
+            if job.cancelled.is_set():
+                self.cancelled += 1
+                return "cancelled", len(tokens)
             token = pick(state.logits, sampling.temperature, sampling.top_p, generator)
             if token in ends:
                 finish = "stop"

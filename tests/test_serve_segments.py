@@ -1,0 +1,114 @@
+"""How ``codekv serve`` finds, classes and keys a prompt's segments, and its exact-prefix cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codekv.serve.prefix import ExactPrefixLRU
+from codekv.serve.segments import (
+    Span,
+    fence_language,
+    known_code_digests,
+    prompt_spans,
+    token_segments,
+    tool_descriptions,
+)
+
+CODE = "def area(w, h):\n    return w * h\n"
+
+
+def spans_text(text: str, spans: list[Span]) -> list[tuple[str, str]]:
+    return [(s.kind, text[s.start:s.end]) for s in spans]
+
+
+@pytest.mark.parametrize("tag, line_before, language", [
+    ("python", "", "python"), ("py", "", "python"), ("Rust", "", "rust"), ("c++", "", "cpp"),
+    ("ts", "", "typescript"), ("go title", "", "go"), ("text", "", None), ("", "", None),
+    ("", "src/app.py", "python"), ("", "**lib/util.js**", "javascript"),
+    ("", "see the file below", None), ("", "notes.md", None),
+])
+def test_fence_language(tag, line_before, language):
+    assert fence_language(tag, line_before) == language
+
+
+def test_a_message_splits_into_its_fenced_blocks_and_the_text_between():
+    content = f"Here is a.py:\n```python\n{CODE}```\nand some notes\n~~~\nplain\n~~~\nDone?"
+    text = f"<user>\n{content}\n<assistant>\n"
+    spans = prompt_spans(text, [content], [])
+    assert spans_text(text, spans) == [
+        ("passage", "Here is a.py:\n"), ("code", CODE), ("passage", "\nand some notes\n"),
+        ("passage", "plain\n"), ("passage", "\nDone?")]
+
+
+def test_messages_are_found_in_order_and_a_rewritten_one_is_skipped():
+    first, second = "same words", "same words"
+    text = f"<system>\n{first}\n<user>\nSAME WORDS\n<user>\n{second}\n"
+    spans = prompt_spans(text, [first, "rewritten by the template", second], [])
+    assert [(s.start, s.end) for s in spans] == [(9, 19), (text.rindex(second),
+                                                           text.rindex(second) + 10)]
+
+
+def test_text_of_a_served_repository_is_code_whatever_its_fence_says():
+    known = known_code_digests([CODE, "   "])
+    content = f"```\n{CODE}```\n{CODE}"
+    spans = prompt_spans(content, [content], [], known)
+    assert [s.kind for s in spans] == ["code", "code"]
+    assert [s.kind for s in prompt_spans(content, [content], [])] == ["passage", "passage"]
+
+
+def test_tool_descriptions_are_their_own_segments():
+    tool = {"type": "function", "function": {"name": "read", "description": "Read a file."}}
+    rendered = tool_descriptions([tool])[1]  # indent=4, as some templates write it
+    text = f"<system>\nTools:\n{rendered}\nBe brief.\n<user>\nhi\n"
+    system = f"Tools:\n{rendered}\nBe brief."
+    spans = prompt_spans(text, [system, "hi"], tool_descriptions([tool]))
+    kinds = spans_text(text, spans)
+    assert ("tool-doc", rendered) in kinds
+    assert all(kind != "passage" or rendered not in part for kind, part in kinds)
+
+
+def test_segments_are_the_tokens_wholly_inside_and_large_enough():
+    # Characters 0..9 as ten one-character tokens, and one token straddling 9..11.
+    offsets = [(i, i + 1) for i in range(9)] + [(9, 11), (11, 12)]
+    ids = list(range(100, 111))
+    spans = [Span(2, 10, "code"), Span(11, 12, "passage")]
+    segments = token_segments(spans, offsets, ids, min_tokens=3)
+    assert [(s.start, s.end, s.kind) for s in segments] == [(2, 9, "code")]
+    same = token_segments([Span(2, 10, "passage")], offsets, ids, min_tokens=3)
+    assert same[0].identity == segments[0].identity  # keyed by tokens, not by class
+    other = token_segments(spans, offsets, [t + 1 for t in ids], min_tokens=3)
+    assert other[0].identity != segments[0].identity
+
+
+def test_exact_prefix_cache_finds_the_longest_common_prefix_in_its_scope():
+    cache = ExactPrefixLRU(budget_bytes=100)
+    cache.put("a", [1, 2, 3, 4], "kv-1234", 10)
+    cache.put("a", [1, 2, 9], "kv-129", 10)
+    cache.put("b", [1, 2, 3, 4, 5], "kv-b", 10)
+    assert cache.longest("a", [1, 2, 3, 7]) == (3, "kv-1234")
+    assert cache.longest("a", [1, 2, 9, 9]) == (3, "kv-129")
+    assert cache.longest("a", [5]) == (0, None)
+    assert cache.longest("c", [1, 2, 3]) == (0, None)  # another scope's prompts never answer
+    assert (cache.hits, cache.misses) == (2, 2)
+
+
+def test_exact_prefix_cache_keeps_its_budget_least_recently_used_out_first():
+    cache = ExactPrefixLRU(budget_bytes=25)
+    cache.put("a", [1], "one", 10)
+    cache.put("a", [2], "two", 10)
+    cache.longest("a", [1])  # "one" is now the most recently used
+    cache.put("a", [3], "three", 10)
+    assert cache.bytes == 20
+    assert [list(e.token_ids) for e in cache.entries.values()] == [[1], [3]]
+    cache.put("a", [4], "too big", 26)
+    assert cache.longest("a", [4]) == (0, None)
+
+
+def test_a_prompt_extending_a_kept_one_replaces_it():
+    cache = ExactPrefixLRU()
+    cache.put("a", [1, 2], "short", 10)
+    cache.put("a", [1, 2, 3], "long", 10)
+    cache.put("a", [1], "shorter", 10)  # already covered: nothing added
+    assert [np.asarray(e.token_ids).tolist() for e in cache.entries.values()] == [[1, 2, 3]]
+    assert cache.bytes == 10
