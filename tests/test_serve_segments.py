@@ -112,3 +112,41 @@ def test_a_prompt_extending_a_kept_one_replaces_it():
     cache.put("a", [1], "shorter", 10)  # already covered: nothing added
     assert [np.asarray(e.token_ids).tolist() for e in cache.entries.values()] == [[1, 2, 3]]
     assert cache.bytes == 10
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--host", "0.0.0.0"], "--host 0.0.0.0 is reachable from other machines: give --api-key"),
+    (["--host", "192.168.1.5"], "give --api-key"),
+    (["--strategy", "auto", "--ratio", "0.3"], "--ratio needs a named --strategy"),
+    (["--store", "redis://localhost:notaport/0"], "bad port"),
+])
+def test_serve_refuses_before_loading_anything(args, message, monkeypatch):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    monkeypatch.delenv("CODEKV_API_KEY", raising=False)
+    result = CliRunner().invoke(main, ["serve", *args])
+    assert result.exit_code != 0 and message in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("::1", True),
+                                            ("localhost", True), ("0.0.0.0", False),
+                                            ("example.org", False)])
+def test_loopback_hosts(host, loopback):
+    from codekv.serve.command import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+def test_served_repositories_make_their_chunks_and_files_code(git_repo, byte_counter):
+    from codekv.serve.command import _repo_code
+
+    git_repo.commit({"util.py": "def helper(x):\n    return x + 1\n", "notes.txt": "hello\n"})
+    known = _repo_code((str(git_repo.root),), None)
+    assert known == known_code_digests(["def helper(x):\n    return x + 1\n", "hello\n"])
+    content = "Here it is:\ndef helper(x):\n    return x + 1\n"
+    spans = prompt_spans(content, ["Here it is:", "def helper(x):\n    return x + 1\n"], [],
+                         known)
+    assert [s.kind for s in spans] == ["passage", "code"]
