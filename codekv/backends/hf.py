@@ -412,7 +412,7 @@ class HFBackend:
     def kv_bytes(self, state: HFRequest) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in state.cache.layers)
 
-    def state_kv(self, state: RequestState, n_tokens: int) -> ChunkKV:
+    def state_kv(self, state: HFRequest, n_tokens: int) -> ChunkKV:
         """The state's first ``n_tokens`` as chunk KV at position 0 (copied: generation goes
         on in the state's own cache)."""
         if not 0 < n_tokens <= state.length:

@@ -30,18 +30,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from codekv.backends import rule_refusal
 from codekv.compose import (
     AUTO,
     COMPOSED,
     DEFAULT_RATIO,
-    DEFAULT_STRATEGY,
+    DEFAULT_STRATEGIES,
     EXACT_PREFIX,
     FULL_PREFILL,
     Composer,
     RequestPiece,
     query_probe_layers,
 )
-from codekv.gate import WORKLOADS, SupportGate
+from codekv.eval.registry import workload_of
+from codekv.gate import SupportGate
 from codekv.selection import Segment as SelectionSegment
 from codekv.selection import SelectionContext
 from codekv.selection import strategy as make_strategy
@@ -225,7 +227,7 @@ class Engine:
 
     def _verdict(self, kind: str):
         info = self.backend.info
-        return self.gate.verdict(info.family, WORKLOADS[kind], info.engine)
+        return self.gate.verdict(info.family, workload_of(kind), info.engine)
 
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
                  system_tokens: int, outcome: Outcome):
@@ -294,8 +296,10 @@ class Engine:
         if self.strategy != AUTO:
             return self.strategy, DEFAULT_RATIO if self.ratio is None else self.ratio
         allowed = [v for v in verdicts if v.allowed and v.strategy]
-        if not allowed:  # experimental, without evidence
-            return DEFAULT_STRATEGY, DEFAULT_RATIO
+        if not allowed:  # experimental, without evidence: the first default rule that runs
+            runnable = (name for name in DEFAULT_STRATEGIES
+                        if rule_refusal(self.backend, make_strategy(name)) is None)
+            return next(runnable, DEFAULT_STRATEGIES[-1]), DEFAULT_RATIO
         chosen = max(allowed, key=lambda v: (v.ratio or 0.0, v.strategy))
         return chosen.strategy, chosen.ratio or 0.0
 
@@ -303,10 +307,9 @@ class Engine:
         backend = self.backend
         name, ratio = self._rule([verdict for _, verdict, _ in hits])
         selection = make_strategy(name)
-        for needed, refusal in ((selection.needs_deviation, backend.deviation_refusal),
-                                (selection.needs_relevance, backend.relevance_refusal)):
-            if needed and refusal:
-                raise RuntimeError(f"strategy {name}: {refusal}")
+        refusal = rule_refusal(backend, selection)
+        if refusal:
+            raise RuntimeError(f"strategy {name}: {refusal}")
         reused, kvs = [], []
         for segment, _, p in hits:
             kv, hit = composer.chunk_kv(p, after(segment))

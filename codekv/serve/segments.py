@@ -59,8 +59,9 @@ def fence_language(tag: str, line_before: str) -> str | None:
     tag = tag.strip().split()[0].lower() if tag.strip() else ""
     if tag:
         tag = TAG_ALIASES.get(tag, tag)
-        if tag in LANGUAGES:
-            return tag
+        if tag in LANGUAGES:  # by name: parsed when its extensions are
+            spec = language_for_path("file" + LANGUAGES[tag].extensions[0])
+            return spec.name if spec else None
         spec = language_for_path(f"file.{tag}")
         return spec.name if spec else None
     name = line_before.strip().strip("`*:")
