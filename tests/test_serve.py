@@ -118,6 +118,19 @@ def test_composed_with_all_replies_as_full_prefill_streamed_or_not(exact_server)
     assert_accounted(report, usage)
 
 
+def test_one_file_twice_in_a_prompt(exact_server):
+    client = exact_server.client()
+    twice = FILE.replace("area", "surface")  # in no other test's store
+    messages = chat(twice, twice, lead="The same file, twice.")
+    full, report, _, _ = ask(client, messages)
+    assert report["status"] == "full-prefill" and report["segments"] >= 2
+    composed, report, usage, _ = ask(client, messages)
+    assert report["status"] == "composed" and report["segments_reused"] == 2
+    assert report["recomputed_tokens"] == 2 * tiny_tokens(twice)  # all: both copies
+    assert_accounted(report, usage)
+    assert composed == full
+
+
 @pytest.mark.parametrize("body, status, param", [
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),
@@ -238,6 +251,34 @@ def test_a_client_gone_mid_stream_frees_the_model(exact_server):
     assert httpx.get(exact_server.url + "/health").json()["busy"] is False
 
 
+def test_sigterm_lets_the_request_in_flight_finish(tiny_model_dir, tmp_path):
+    import signal
+
+    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY],
+                          tmp_path / "home").wait()
+    replies = []
+
+    def post() -> None:
+        replies.append(httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+            "model": TINY, "messages": chat(lead="A long one."), "max_tokens": 120,
+            "temperature": 0}))
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    try:
+        while not httpx.get(server.url + "/health").json()["busy"]:
+            assert thread.is_alive(), "the request finished before the test could stop it"
+        server.process.send_signal(signal.SIGTERM)
+        thread.join(timeout=60)
+        # uvicorn drains, then raises the signal again: the process ends as SIGTERM says.
+        assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)
+    finally:
+        server.stop()
+    (reply,) = replies
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
 def test_requests_without_a_valid_key_get_401(keyed_server):
     for key in ("wrong-key", None):
         headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -281,7 +322,7 @@ def test_the_queue_is_bounded_with_retry_after(keyed_server):
         response = httpx.post(keyed_server.url + "/v1/chat/completions",
                               headers={"authorization": f"Bearer {KEYS[0]}"},
                               json={"model": TINY, "messages": chat(lead="Busy?"),
-                                    "max_tokens": 600, "temperature": 0}, timeout=120)
+                                    "max_tokens": 150, "temperature": 0}, timeout=120)
         statuses.append(response.status_code)
         if response.status_code == 503:
             retry_after.append(response.headers.get("retry-after"))
@@ -353,12 +394,12 @@ def test_the_default_model_reuses_a_resent_file(model_server):
     client = model_server.client()
     model = client.models.list().data[0].id
     first, report, _, _ = ask(client, chat(SOURCE, question="What does load_settings do?"),
-                              model=model, max_tokens=24)
+                              model=model, max_tokens=12)
     assert report["status"] in ("full-prefill", "exact-prefix") and first.strip()
     assert report["segments_stored"] == 1
     messages = chat(HELPER, SOURCE, lead="Also this helper.",
                     question="What does load_settings return when the file is missing?")
-    reply, report, usage, status = ask(client, messages, model=model, max_tokens=24)
+    reply, report, usage, status = ask(client, messages, model=model, max_tokens=12)
     assert status == "composed" and report["reused_tokens"] > 0 and reply.strip()
     assert report["fallback_reason"] is None
     assert_accounted(report, usage)
@@ -375,9 +416,9 @@ def test_the_default_model_composed_with_all_replies_as_full_prefill(model_exact
     model = client.models.list().data[0].id
     messages = chat(HELPER, SOURCE, lead="Two files.",
                     question="What does load_settings return when the file is missing?")
-    full, report, _, _ = ask(client, messages, model=model, max_tokens=24)
+    full, report, _, _ = ask(client, messages, model=model, max_tokens=12)
     assert report["status"] == "full-prefill" and report["segments_stored"] == 2
-    composed, report, usage, _ = ask(client, messages, model=model, max_tokens=24)
+    composed, report, usage, _ = ask(client, messages, model=model, max_tokens=12)
     assert report["status"] == "composed" and report["segments_reused"] == 2
     assert report["recomputed_tokens"] > 0 and report["reused_tokens"] == 0
     assert_accounted(report, usage)
