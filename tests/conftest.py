@@ -442,17 +442,33 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A tiny random-weight Llama saved as a Hugging Face directory, with a chat template:
-    a model ``codekv serve --model DIR`` loads in a second."""
-    directory = tmp_path_factory.mktemp("tiny-chat-model")
+# The same, rendering the request's tools first (as JSON, one a line).
+TINY_TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
+    + TINY_CHAT_TEMPLATE
+)
+
+
+def _tiny_chat_model(directory: Path, template: str) -> Path:
     model = tiny_model("llama", max_position_embeddings=1024)
     tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer.chat_template = template
     model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
     return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight Llama saved as a Hugging Face directory, with a chat template
+    (that renders no tools): a model ``codekv serve --model DIR`` loads in a second."""
+    return _tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"), TINY_CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def tiny_tools_model_dir(tmp_path_factory) -> Path:
+    """The same model, with a chat template that renders tools."""
+    return _tiny_chat_model(tmp_path_factory.mktemp("tiny-tools-model"), TINY_TOOLS_TEMPLATE)
 
 
 class ServeProcess:

@@ -88,9 +88,10 @@ def exact_server(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def keyed_server(tiny_model_dir, tmp_path_factory):
-    """Tiny model, the gate's own rule, two API keys, and room for one waiting request."""
-    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY,
+def keyed_server(tiny_tools_model_dir, tmp_path_factory):
+    """Tiny model (its template renders tools), the gate's own rule, two API keys, and room
+    for one waiting request."""
+    server = ServeProcess(["--model", str(tiny_tools_model_dir), "--served-model-name", TINY,
                            "--min-segment-tokens", "8", "--api-key", KEYS[0],
                            "--api-key", KEYS[1], "--max-queue", "1"],
                           tmp_path_factory.mktemp("serve-keyed")).wait()
@@ -313,6 +314,20 @@ def test_a_file_resent_at_a_new_position_is_reused_an_edited_one_is_not(keyed_se
     assert report["status"] == "composed" and report["segments_reused"] == 1
     assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(OTHER)
     assert_accounted(report, usage)
+
+
+def test_tool_descriptions_are_a_class_of_their_own(keyed_server):
+    client = keyed_server.client(KEYS[1])
+    tool = {"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the repository and return its text.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+    messages = chat(lead="Which tool reads files?")
+    _, report, usage, _ = ask(client, messages, tools=[tool])
+    assert "tool-docs failed its evaluation" in report["fallback_reason"]
+    assert report["segments_stored"] == 0  # the gate licenses no tool docs: not stored
+    assert_accounted(report, usage)
+    _, report, _, _ = ask(client, chat(lead="And without tools?"))
+    assert "tool-docs" not in (report["fallback_reason"] or "")
 
 
 def test_the_queue_is_bounded_with_retry_after(keyed_server):

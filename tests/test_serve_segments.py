@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -59,7 +61,7 @@ def test_text_of_a_served_repository_is_code_whatever_its_fence_says():
 
 def test_tool_descriptions_are_their_own_segments():
     tool = {"type": "function", "function": {"name": "read", "description": "Read a file."}}
-    rendered = tool_descriptions([tool])[1]  # indent=4, as some templates write it
+    rendered = json.dumps(tool, indent=4)  # as some templates write it
     text = f"<system>\nTools:\n{rendered}\nBe brief.\n<user>\nhi\n"
     system = f"Tools:\n{rendered}\nBe brief."
     spans = prompt_spans(text, [system, "hi"], tool_descriptions([tool]))

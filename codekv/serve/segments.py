@@ -135,13 +135,14 @@ def prompt_spans(text: str, contents: list[str], tool_docs: list[str],
 
 def tool_descriptions(tools: list[dict]) -> list[str]:
     """The forms a template may render a tool in (its JSON, or its function's)."""
-    docs = []
+    docs: list[str] = []
     for tool in tools:
         function = tool.get("function") if isinstance(tool, dict) else None
         for item in (tool, function):
             if isinstance(item, dict):
-                docs += [json.dumps(item), json.dumps(item, indent=4), json.dumps(item, indent=2)]
-    return docs
+                docs += [json.dumps(item, ensure_ascii=ascii, indent=indent)
+                         for ascii in (False, True) for indent in (None, 2, 4)]
+    return list(dict.fromkeys(docs))
 
 
 def token_segments(spans: list[Span], offsets: list[tuple[int, int]], token_ids: list[int],
