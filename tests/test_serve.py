@@ -132,6 +132,22 @@ def test_one_file_twice_in_a_prompt(exact_server):
     assert composed == full
 
 
+def test_sampling_is_seeded_and_top_p_zero_is_greedy(exact_server):
+    client = exact_server.client()
+    messages = chat(lead="Sample something.")
+
+    def sample(**options) -> str:
+        reply = client.chat.completions.create(model=TINY, messages=messages, max_tokens=12,
+                                               **options)
+        return reply.choices[0].message.content
+
+    greedy = sample(temperature=0)
+    seeded = [sample(temperature=1.5, seed=seed) for seed in (7, 7, 8, 9)]
+    assert seeded[0] == seeded[1]  # the same seed, the same sample
+    assert len(set(seeded[1:])) > 1 or seeded[1] != greedy  # a sample, not the argmax
+    assert sample(temperature=1.5, top_p=0, seed=3) == greedy
+
+
 @pytest.mark.parametrize("body, status, param", [
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),

@@ -420,6 +420,7 @@ def pick(logits: torch.Tensor, temperature: float, top_p: float,
     if top_p < 1.0:
         ordered, order = probs.sort(descending=True)
         keep = ordered.cumsum(0) - ordered < top_p
+        keep[0] = True  # the most likely token always stays (top_p=0: greedy)
         probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
 
