@@ -11,7 +11,7 @@ import re
 import threading
 
 import pytest
-from conftest import ServeProcess, missing, require, tiny_tokenizer
+from conftest import ServeProcess, covering, missing, require, tiny_tokenizer
 
 openai = require("openai", "the openai client is not installed (the 'serve' extra)")
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
@@ -76,25 +76,45 @@ def error_of(response) -> dict:
 
 
 @pytest.fixture(scope="module")
-def exact_server(tiny_model_dir, tmp_path_factory):
+def tiny_support(tiny_model_dir, tmp_path_factory) -> dict:
+    """A support file licensing code (python) for the tiny model, as the shipped one does for
+    the default model, and refusing passages and tool docs; as the servers' environment."""
+    from codekv.eval.support import support_document, write_json
+    from codekv.models import load_backend
+
+    model = load_backend(str(tiny_model_dir)).info.fingerprint
+    support = tmp_path_factory.mktemp("support") / "support.json"
+    write_json(support, support_document([covering(entry, model) for entry in (
+        {"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
+         "ratio": 0.15, "conditioning": "prefix", "held_out": {"passed": True}},
+        {"family": "llama", "workload": "rag", "passed": False, "strategy": None,
+         "ratio": None},
+        {"family": "llama", "workload": "tool-docs", "passed": False, "strategy": None,
+         "ratio": None},
+    )], "codekv eval ...", {"family": "llama"}, {}))
+    return {"CODEKV_SUPPORT": str(support)}
+
+
+@pytest.fixture(scope="module")
+def exact_server(tiny_model_dir, tiny_support, tmp_path_factory):
     """Tiny model, ``--strategy all`` and no exact-prefix cache: a composed request recomputes
     every token, so its reply is full prefill's."""
     server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY,
                            "--strategy", "all", "--prefix-cache-mb", "0",
                            "--min-segment-tokens", "8"],
-                          tmp_path_factory.mktemp("serve-exact")).wait()
+                          tmp_path_factory.mktemp("serve-exact"), tiny_support).wait()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def keyed_server(tiny_tools_model_dir, tmp_path_factory):
+def keyed_server(tiny_tools_model_dir, tiny_support, tmp_path_factory):
     """Tiny model (its template renders tools), the gate's own rule, two API keys, and room
     for one waiting request."""
     server = ServeProcess(["--model", str(tiny_tools_model_dir), "--served-model-name", TINY,
                            "--min-segment-tokens", "8", "--api-key", KEYS[0],
                            "--api-key", KEYS[1], "--max-queue", "1"],
-                          tmp_path_factory.mktemp("serve-keyed")).wait()
+                          tmp_path_factory.mktemp("serve-keyed"), tiny_support).wait()
     yield server
     server.stop()
 
@@ -268,11 +288,11 @@ def test_a_client_gone_mid_stream_frees_the_model(exact_server):
     assert httpx.get(exact_server.url + "/health").json()["busy"] is False
 
 
-def test_sigterm_lets_the_request_in_flight_finish(tiny_model_dir, tmp_path):
+def test_sigterm_lets_the_request_in_flight_finish(tiny_model_dir, tiny_support, tmp_path):
     import signal
 
     server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY],
-                          tmp_path / "home").wait()
+                          tmp_path / "home", tiny_support).wait()
     replies = []
 
     def post() -> None:

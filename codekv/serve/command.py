@@ -28,8 +28,8 @@ def _repo_code(repos: tuple[str, ...], index_dir: Path | None) -> frozenset[str]
     message holding one of them is code, whatever its fences say."""
     from codekv.gitrepo import NotARepositoryError
     from codekv.index import Index
+    from codekv.index_db import CorruptIndexError
     from codekv.serve.segments import known_code_digests
-    from codekv.storage import CorruptIndexError
 
     texts = []
     for repo in repos:

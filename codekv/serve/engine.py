@@ -43,7 +43,7 @@ from codekv.compose import (
     query_probe_layers,
 )
 from codekv.eval.registry import workload_of
-from codekv.gate import SupportGate
+from codekv.gate import GateRequest, SupportGate
 from codekv.selection import Segment as SelectionSegment
 from codekv.selection import SelectionContext
 from codekv.selection import strategy as make_strategy
@@ -225,9 +225,14 @@ class Engine:
                                               gate=self.gate, experimental=self.experimental)
         return self._composers[scope]
 
-    def _verdict(self, kind: str):
+    def _verdict(self, segment: seg.Segment, prompt_tokens: int):
+        """The gate's verdict on a segment's class, for this model, the segment's language
+        and the prompt's length."""
         info = self.backend.info
-        return self.gate.verdict(info.family, workload_of(kind), info.engine)
+        asked = GateRequest(info.fingerprint,
+                            frozenset([segment.language] if segment.language else []),
+                            prompt_tokens)
+        return self.gate.verdict(info.family, workload_of(segment.kind), info.engine, asked)
 
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
                  system_tokens: int, outcome: Outcome):
@@ -241,7 +246,7 @@ class Engine:
         refusals: dict[str, str] = {}
         licensed = []
         for segment in candidates:
-            verdict = self._verdict(segment.kind)
+            verdict = self._verdict(segment, len(ids))
             if verdict.allowed or self.experimental:
                 licensed.append((segment, verdict))
             else:

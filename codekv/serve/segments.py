@@ -47,6 +47,7 @@ class Segment:
     end: int
     kind: str
     identity: str  # what its stored KV is keyed by, besides its tokens and what came before
+    language: str | None = None  # a code segment's, where its fence names one
 
     @property
     def length(self) -> int:
@@ -162,6 +163,7 @@ def token_segments(spans: list[Span], offsets: list[tuple[int, int]], token_ids:
         if last - first >= min_tokens:
             ids = token_ids[first:last]
             digest = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
-            segments.append(Segment(first, last, span.kind, f"segment:{digest}"))
+            segments.append(Segment(first, last, span.kind, f"segment:{digest}",
+                                    span.language))
         index = last
     return segments
