@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 import pytest
 from conftest import ServeProcess, covering, missing, require, tiny_tokenizer
@@ -386,6 +387,27 @@ def test_the_queue_is_bounded_with_retry_after(keyed_server):
         thread.join()
     assert set(statuses) <= {200, 503} and 503 in statuses and 200 in statuses
     assert retry_after and all(value and value.isdigit() for value in retry_after)
+
+
+def test_two_servers_sharing_a_redis_store(tiny_model_dir, tiny_support, redis_url, tmp_path):
+    """What one server stored, the other (another home, another process) reuses: the same key
+    is the same scope on both."""
+    args = ["--model", str(tiny_model_dir), "--served-model-name", TINY, "--store", redis_url,
+            "--min-segment-tokens", "8", "--api-key", KEYS[0]]
+    first = ServeProcess(args, tmp_path / "first", tiny_support).wait()
+    second = ServeProcess(args, tmp_path / "second", tiny_support).wait()
+    try:
+        _, report, _, _ = ask(first.client(KEYS[0]), chat(FILE, lead="On the first server."))
+        assert report["segments_stored"] == 1 and report["store_error"] is None
+        while httpx.get(first.url + "/health").json()["busy"]:
+            time.sleep(0.05)  # new segments are stored once the reply is out
+        _, report, usage, _ = ask(second.client(KEYS[0]), chat(OTHER, FILE))
+        assert report["status"] == "composed" and report["segments_reused"] == 1
+        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert_accounted(report, usage)
+    finally:
+        first.stop()
+        second.stop()
 
 
 # -- the real default model ---------------------------------------------------------------
