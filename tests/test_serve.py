@@ -389,6 +389,25 @@ def test_the_queue_is_bounded_with_retry_after(keyed_server):
     assert retry_after and all(value and value.isdigit() for value in retry_after)
 
 
+def test_experimental_reuses_every_class(tiny_model_dir, tiny_support, tmp_path):
+    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY,
+                           "--min-segment-tokens", "8", "--experimental"],
+                          tmp_path / "home", tiny_support).wait()
+    note = "The quick brown fox jumps over the lazy dog near the river bank."
+    try:
+        client = server.client()
+        _, report, _, _ = ask(client, [SYSTEM, {"role": "user", "content": note}])
+        assert report["segments_stored"] == 2  # the system message and the note: passages
+        assert report["fallback_reason"] is None
+        _, report, usage, _ = ask(client, [SYSTEM, {"role": "user", "content": "Read this."},
+                                           {"role": "user", "content": note}])
+        assert report["status"] == "composed" and report["segments_reused"] == 1
+        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(note)
+        assert_accounted(report, usage)
+    finally:
+        server.stop()
+
+
 def test_two_servers_sharing_a_redis_store(tiny_model_dir, tiny_support, redis_url, tmp_path):
     """What one server stored, the other (another home, another process) reuses: the same key
     is the same scope on both."""
