@@ -414,3 +414,16 @@ def test_a_states_prefix_continued_matches_the_same_batches(tiny_llama):
     assert max_diff(continued.logits, reference.logits) <= SAME_BATCHES
     assert tiny_llama.end_token_ids and all(t < tiny_llama.n_vocab
                                             for t in tiny_llama.end_token_ids)
+
+
+def test_a_chat_renders_with_the_ggufs_template_and_its_special_tokens(smollm_llama):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    text = smollm_llama.render_chat(messages)
+    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    ids, offsets = smollm_llama.tokenize_prompt(text)
+    start = smollm_llama.tokenize("<|im_start|>", special=True)
+    assert len(start) == 1 and ids.count(start[0]) == 3  # one token each, not text
+    assert len(smollm_llama.tokenize(text)) > len(ids)  # as plain text they are many
+    assert [text[a:b] for a, b in offsets][:3] == ["<|im_start|>", "system", "\n"]
+    assert set(smollm_llama.tokenize("<|im_end|>", special=True)) <= smollm_llama.end_token_ids

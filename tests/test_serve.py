@@ -515,3 +515,29 @@ def test_the_default_model_composed_with_all_replies_as_full_prefill(model_exact
     assert report["recomputed_tokens"] > 0 and report["reused_tokens"] == 0
     assert_accounted(report, usage)
     assert composed == full and full.strip()
+
+
+@pytest.mark.model
+def test_the_default_gguf_served_on_llama_cpp(tmp_path_factory, model_cache):
+    """The GGUF run as it is: its own chat template, its special tokens, its end of turn. The
+    gate has no llama.cpp evidence: --experimental composes (with a rule the engine runs)."""
+    require("llama_cpp", "llama-cpp-python is not installed (the 'llamacpp' extra)")
+    server = default_model_server(tmp_path_factory, "--backend", "llama.cpp", "--experimental")
+    try:
+        client = server.client()
+        model = client.models.list().data[0].id
+        _, report, _, _ = ask(client, chat(SOURCE, question="What does load_settings do?"),
+                              model=model, max_tokens=8)
+        assert report["status"] == "full-prefill" and report["segments_stored"] == 1
+        reply, report, usage, _ = ask(client, chat(HELPER, SOURCE, lead="Also this helper."),
+                                      model=model, max_tokens=8)
+        assert report["status"] == "composed" and report["reused_tokens"] > 0
+        assert report["strategy"] == "boundary" and reply.strip()
+        assert_accounted(report, usage)
+        short = [SYSTEM, {"role": "user", "content": "Name one Python keyword."}]
+        plain, report, _, _ = ask(client, short, model=model, max_tokens=8)
+        assert "<|im_end|>" not in plain and "<|im_start|>" not in plain
+        text, _, _ = streamed(client, short, model=model, max_tokens=8)
+        assert text == plain
+    finally:
+        server.stop()

@@ -101,6 +101,19 @@ class Backend(Protocol):
 
     def detokenize(self, token_ids: list[int]) -> str: ...
 
+    # -- chat (what a server renders a request's messages with) -----------------------------
+    chat_template: str | None  # the model's own (Jinja), None where it ships none
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The messages (and tools) as the chat template renders them, ending with the
+        assistant's turn; ValueError where there is no template or it refuses them."""
+        ...
+
+    def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and character spans of a rendered prompt, its special tokens
+        (``<|im_start|>``) read as the tokens they name."""
+        ...
+
     # Tokens that end a reply: the tokenizer's end of sequence and the model's own end of turn
     # (a chat template's ``<|im_end|>``), which a server stops at.
     end_token_ids: frozenset[int]

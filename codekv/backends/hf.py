@@ -166,6 +166,24 @@ class HFBackend:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat as the tokenizer's template renders it, ending with the assistant's turn."""
+        if not self.chat_template:
+            raise ValueError("the model has no chat template")
+        try:
+            return self.tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                      tokenize=False, add_generation_prompt=True)
+        except Exception as error:  # the template's own raise_exception, a Jinja error
+            raise ValueError(str(error)) from None
+
+    def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """A rendered prompt's tokens and spans: the tokenizer reads its special tokens."""
+        return self.tokenize_with_offsets(text)
+
+    @property
     def eos_token_id(self) -> int | None:
         return self.tokenizer.eos_token_id
 

@@ -183,6 +183,9 @@ class LlamaCppBackend:
     def _meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
         n = self._L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n >= len(buf):  # a longer value (a chat template): its length is known now
+            buf = ctypes.create_string_buffer(n + 1)
+            n = self._L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode() if n >= 0 else None
 
     def _unsupported(self, family: str) -> str | None:
@@ -196,26 +199,60 @@ class LlamaCppBackend:
         return None
 
     # -- tokens --------------------------------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """``special``: the text's special tokens (``<|im_start|>``) are the tokens they name,
+        as in a rendered chat prompt; else they are text like any other."""
         data = text.encode()
         room = len(data) + 8
         buf = (self._L.llama_token * room)()
-        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, room, False, False)
+        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, room, False, special)
         if n < 0:  # never more tokens than bytes + 8, but the API reports it this way
             raise ValueError(f"llama.cpp tokenization needs {-n} tokens")
         return list(buf[:n])
 
-    def _piece(self, token: int) -> bytes:
+    def _piece(self, token: int, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)
-        n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
+
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's ``tokenizer.chat_template``."""
+        return self._meta("tokenizer.chat_template")
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat as the GGUF's template renders it (with transformers' Jinja renderer, as
+        the transformers engine does), ending with the assistant's turn."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        template = self.chat_template
+        if not template:
+            raise ValueError("the model has no chat template (tokenizer.chat_template)")
+        names = {}
+        for name, token in (("bos_token", self._L.llama_vocab_bos(self._vocab)),
+                            ("eos_token", self._L.llama_vocab_eos(self._vocab))):
+            names[name] = self._piece(token, True).decode("utf-8", "replace") if token >= 0 else ""
+        try:
+            rendered, _ = render_jinja_template([messages], tools=tools or None,
+                                                chat_template=template,
+                                                add_generation_prompt=True, **names)
+        except Exception as error:  # the template's own raise_exception, a Jinja error
+            raise ValueError(str(error)) from None
+        return rendered[0]
+
+    def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """A rendered prompt's token ids (its special tokens read as such) and spans."""
+        return self._offsets(text, special=True)
 
     def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids (as ``tokenize``) and each token's character span in ``text``."""
-        ids = self.tokenize(text)
+        return self._offsets(text, special=False)
+
+    def _offsets(self, text: str, special: bool) -> tuple[list[int], list[tuple[int, int]]]:
+        ids = self.tokenize(text, special)
         data = text.encode()
         char_at = np.zeros(len(data) + 1, dtype=np.int64)  # byte offset -> character offset
         position = 0
@@ -224,7 +261,7 @@ class LlamaCppBackend:
             char_at[position : position + width] = index
             position += width
         char_at[len(data)] = len(text)
-        pieces = [self._piece(token) for token in ids]
+        pieces = [self._piece(token, special) for token in ids]
         spelled = b"".join(pieces)
         # A SentencePiece vocabulary spells a leading space the text does not have.
         byte = -1 if spelled == b" " + data else 0

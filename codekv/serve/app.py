@@ -179,9 +179,9 @@ def _tools(body: dict) -> list[dict]:
     return tools
 
 
-def chat_prompt(tokenizer, messages: list[dict], tools: list[dict]) -> Prompt:
-    """The prompt as the model's own chat template renders it (with the generation prompt)."""
-    template = getattr(tokenizer, "chat_template", None)
+def chat_prompt(backend, messages: list[dict], tools: list[dict]) -> Prompt:
+    """The prompt as the model's own chat template renders it (with the assistant's turn)."""
+    template = backend.chat_template
     if not template:
         raise RequestError(400, "the model has no chat template: use /v1/completions",
                            "messages")
@@ -189,9 +189,8 @@ def chat_prompt(tokenizer, messages: list[dict], tools: list[dict]) -> Prompt:
         raise RequestError(400, "the model's chat template cannot render tools: send them in "
                                 "a message instead", "tools")
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                             add_generation_prompt=True)
-    except Exception as error:  # a template's own raise_exception, or a bad message order
+        text = backend.render_chat(messages, tools)
+    except ValueError as error:
         raise RequestError(400, f"the model's chat template refused the messages: {error}",
                            "messages") from None
     system_end = 0
@@ -255,10 +254,9 @@ def create_app(engine: Engine, model_id: str, api_keys: list[str] | None = None,
         body = await body_of(request)
         if chat:
             messages, tools = _messages(body), _tools(body)
-            tokenizer = engine.backend.tokenizer
 
             def prompt() -> Prompt:
-                return chat_prompt(tokenizer, messages, tools)
+                return chat_prompt(engine.backend, messages, tools)
         else:
             text = body.get("prompt")
             if isinstance(text, list) and len(text) == 1:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.cli_types import StoreParam
 from codekv.selection import STRATEGIES
 
@@ -57,6 +58,10 @@ def _repo_code(repos: tuple[str, ...], index_dir: Path | None) -> frozenset[str]
                    "prompt holds them (repeatable).")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file "
                                             "[the default SmolLM2-135M-Instruct].")
+@click.option("--backend", "engine", default=TRANSFORMERS, show_default=True,
+              type=click.Choice(sorted(ENGINES)),
+              help="Engine: transformers (PyTorch) or llama.cpp (runs the GGUF as it is; needs "
+                   "the llamacpp extra).")
 @click.option("--served-model-name", default=None,
               help="The model id clients name [the model file's or directory's name].")
 @click.option("--store", type=StoreParam(shared=True), default=None,
@@ -82,8 +87,8 @@ def _repo_code(repos: tuple[str, ...], index_dir: Path | None) -> frozenset[str]
               help="Requests that may wait for the model; beyond them 503 with Retry-After.")
 @click.option("--prefix-cache-mb", default=2048, show_default=True, type=click.IntRange(min=0),
               help="Memory for recent prompts' KV (the exact-prefix cache).")
-def serve_command(repos, model, served_model_name, store, host, port, api_keys, experimental,
-                  strategy, ratio, min_segment_tokens, max_queue, prefix_cache_mb):
+def serve_command(repos, model, engine, served_model_name, store, host, port, api_keys,
+                  experimental, strategy, ratio, min_segment_tokens, max_queue, prefix_cache_mb):
     """Serve the model over an OpenAI-compatible HTTP API, reusing what clients re-send."""
     from codekv import paths
     from codekv.stores import SCOPE_ENV, StoreSpecError, default_kv_store
@@ -103,7 +108,6 @@ def serve_command(repos, model, served_model_name, store, host, port, api_keys, 
     except ImportError as error:
         raise click.ClickException(f"codekv serve needs the 'serve' extra: pip install "
                                    f"'codekv[serve]' ({error})") from error
-    from codekv.backends.hf import HFBackend
     from codekv.gate import SupportGate
     from codekv.models import ModelLoadError, load_backend
 
@@ -114,25 +118,23 @@ def serve_command(repos, model, served_model_name, store, host, port, api_keys, 
         raise click.ClickException(f"--store: {error}") from error
     known_code = _repo_code(repos, index_dir)
     try:
-        backend = load_backend(model)
+        backend = load_backend(model, engine=engine)
     except ModelLoadError as error:
         raise click.ClickException(str(error)) from error
-    if not isinstance(backend, HFBackend):  # the chat template is the tokenizer's
-        raise click.ClickException("codekv serve runs on the transformers engine")
     gate = SupportGate.load()
-    engine = Engine(backend, kv_store, gate, experimental=experimental, strategy=strategy,
+    pipeline = Engine(backend, kv_store, gate, experimental=experimental, strategy=strategy,
                     ratio=ratio, min_segment_tokens=min_segment_tokens, known_code=known_code,
                     max_queue=max_queue, prefix_budget_bytes=prefix_cache_mb << 20)
     name = served_model_name or _model_name(model)
     scope = os.environ.get(SCOPE_ENV) or "serve"
-    app = create_app(engine, name, keys, scope)
+    app = create_app(pipeline, name, keys, scope)
     click.echo(f"codekv serve: http://{host}:{port}/v1, model {name!r}, store "
                f"{kv_store.location}, {len(keys)} API key(s)"
                + (f"; gate: {gate.error}" if gate.error else ""), err=True)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
     finally:
-        engine.close()
+        pipeline.close()
 
 
 def _model_name(model: str | None) -> str:

@@ -196,7 +196,7 @@ class Engine:
         started = time.perf_counter()
         backend = self.backend
         prompt = job.prompt()
-        ids, offsets = backend.tokenize_with_offsets(prompt.text)
+        ids, offsets = backend.tokenize_prompt(prompt.text)
         limit = backend.info.max_positions
         if not ids:
             raise RequestError(400, "the prompt is empty", "messages" if job.chat else "prompt")
@@ -283,7 +283,8 @@ class Engine:
             outcome.reused_tokens = outcome.recomputed_tokens = 0
             outcome.segments_reused = 0
             if n:
-                state = backend.recompute(ids[:n], backend.head(prefix_kv, n), [], ids[n:])
+                context = backend.concat([backend.head(prefix_kv, n)])  # the engine's form
+                state = backend.recompute(ids[:n], context, [], ids[n:])
                 outcome.status = EXACT_PREFIX
             else:
                 state = backend.full_prefill(ids)
