@@ -119,7 +119,7 @@ def covering(entry: dict, fingerprint: str = TEST_MODEL, languages=("python",),
 def fake_measure(method, delta, ttft, workload="rag", task="t", status="composed", similarity=80.0,
              decisive=1.0):
     """A per-task measure of ``method`` (``rule[+conditioning]@ratio``), plausible elsewhere."""
-    from codekv.eval.runner import Measure
+    from codekv.eval.measures import Measure
 
     rule, _, ratio = method.partition("@")
     strategy, _, conditioning = rule.partition("+")

@@ -5,6 +5,7 @@ full prefill), and the result JSON keeps its schema."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -17,8 +18,9 @@ from codekv.cli import main
 from codekv.compose import Composer, Passage
 from codekv.conditioning import CONDITIONINGS
 from codekv.eval import command, markdown, methods, peer, pruning, reuse, runner, workloads
+from codekv.eval.measures import ResultRow
 from codekv.eval.methods import Method
-from codekv.eval.results import ROW_KEYS, aggregate, comparisons
+from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import (
     SupportFileError,
     Thresholds,
@@ -181,6 +183,20 @@ def test_reuse_simulation_counts_every_prefill_token_once(stdlib_index):
         result["composition_tokens"] / result["prefill_tokens"])
 
 
+# The keys of every result row in ``eval --json`` output, in table order: its schema.
+ROW_KEYS = (
+    "workload", "method", "strategy", "rule", "conditioning", "ratio", "tasks", "delta_nll",
+    "delta_nll_ci",
+    "abs_delta_nll", "abs_delta_nll_ci", "delta_nll_se", "nll", "agreement", "agreement_ci",
+    "decisive_agreement", "decisive_agreement_ci", "decisive_positions", "near_ties",
+    "greedy_match", "exact_match", "answer_exact", "edit_similarity", "edit_similarity_ci",
+    "identifier_f1", "score_drop", "score_drop_ci", "kl", "kl_ci", "kl_answer",
+    "ttft_s", "full_ttft_s", "speedup", "recompute_ratio", "context_tokens", "store_load_s",
+    "offline_prefill_s", "offline_tokens", "fallbacks", "kind", "budget", "kv_kept", "kv_bytes",
+    "full_kv_bytes",
+)
+
+
 # -- the gate --------------------------------------------------------------------------------
 def _row(method, delta=0.0, agreement=1.0, speedup=3.0, tasks=120, recompute=None, fallbacks=0,
          workload="code-qa", drop=0.0):
@@ -188,13 +204,14 @@ def _row(method, delta=0.0, agreement=1.0, speedup=3.0, tasks=120, recompute=Non
     rule, _, ratio = method.partition("@")
     strategy, _, conditioning = rule.partition("+")
     ratio = float(ratio or 0)
-    return {"workload": workload, "method": method, "strategy": strategy, "rule": rule,
-            "conditioning": conditioning or "prefix", "ratio": ratio,
-            "tasks": tasks, "delta_nll": delta, "delta_nll_ci": [delta - 0.02, delta + 0.02],
-            "agreement": agreement, "decisive_agreement": agreement, "speedup": speedup,
-            "score_drop": drop, "score_drop_ci": [drop - 0.5, drop + 0.5],
-            "recompute_ratio": ratio if recompute is None else recompute,
-            "fallbacks": fallbacks}
+    return ResultRow.from_json({
+        "workload": workload, "method": method, "strategy": strategy, "rule": rule,
+        "conditioning": conditioning or "prefix", "ratio": ratio,
+        "tasks": tasks, "delta_nll": delta, "delta_nll_ci": [delta - 0.02, delta + 0.02],
+        "agreement": agreement, "decisive_agreement": agreement, "speedup": speedup,
+        "score_drop": drop, "score_drop_ci": [drop - 0.5, drop + 0.5],
+        "recompute_ratio": ratio if recompute is None else recompute,
+        "fallbacks": fallbacks})
 
 
 def test_thresholds_each_fail_a_row():
@@ -210,8 +227,8 @@ def test_thresholds_each_fail_a_row():
     assert failures(_row("hybrid@0.15", speedup=1.99), t) == ["speedup 1.99x < 2.0x"]
     assert failures(_row("hybrid@0.15", tasks=99), t) == ["only 99 tasks (need 100)"]
     assert failures(_row("hybrid@0.15", fallbacks=1), t) == ["1 requests fell back to full prefill"]
-    no_intervals = _row("hybrid@0.15") | {"delta_nll_ci": None, "score_drop_ci": None,
-                                          "decisive_agreement": None}
+    no_intervals = dataclasses.replace(_row("hybrid@0.15"), delta_nll_ci=None,
+                                       score_drop_ci=None, decisive_agreement=None)
     assert failures(no_intervals, t) == ["delta NLL CI high inf > 0.05",
                                          "score drop CI high inf > 1.0",
                                          "decisive agreement n/a < 0.95"]
@@ -482,8 +499,9 @@ def test_shipped_support_file_is_a_generated_document():
         assert entry.get("generated_by", data["generated_by"]).startswith("codekv eval")
         assert set(entry) >= {"family", "workload", "passed", "strategy", "ratio", "thresholds",
                               "measured", "reason"}
-        expected = not failures(entry["measured"] | {"fallbacks": 0},
-                                Thresholds(**entry["thresholds"])) if entry["passed"] else False
+        measured = ResultRow.from_json(entry["measured"] | {"fallbacks": 0})
+        expected = not failures(measured, Thresholds(**entry["thresholds"])) if entry[
+            "passed"] else False
         assert entry["passed"] == expected
 
 
@@ -625,7 +643,7 @@ def test_rows_aggregate_tasks_and_keep_the_schema():
                 fake_measure("hybrid@0.15", 0.1, 1.0, task="a", similarity=70.0, decisive=0.5),
                 fake_measure("hybrid@0.15", -0.3, 3.0, task="b", status="full-prefill",
                          decisive=None)]
-    full, hybrid = aggregate(measures)
+    full, hybrid = (row.as_json() for row in aggregate(measures))
     assert tuple(hybrid) == ROW_KEYS
     assert hybrid["tasks"] == 2 and hybrid["method"] == "hybrid@0.15" and hybrid["ratio"] == 0.15
     assert hybrid["delta_nll"] == pytest.approx(-0.1)
@@ -811,7 +829,7 @@ def test_markdown_splits_code_qa_by_repository_and_shows_conditioning_costs():
     for m in measures:
         m.offline_prefill_s, m.offline_tokens = (2.0, 900) if "graph" in m.method else (1.0, 500)
     tasks = [{"id": task, "repo": "stdlib" if task in "ab" else "package:rich"} for task in "abcd"]
-    data = {"results": aggregate(measures), "tasks": tasks,
+    data = {"results": [row.as_json() for row in aggregate(measures)], "tasks": tasks,
             "measures": [m.as_json() for m in measures]}
     by_repo = markdown.repository_tables(data)
     assert "| stdlib | query@0.15 | 2 | +0.000 [-0.100, +0.100] | 0.100 [0.100, 0.100] |" in by_repo

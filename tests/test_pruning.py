@@ -12,6 +12,7 @@ from transformers import DynamicCache
 
 from codekv.compose import Composer, Passage
 from codekv.eval import pruning, runner, support, workloads
+from codekv.eval.measures import ResultRow
 from codekv.eval.methods import RULES, Method
 from codekv.index import Index
 from codekv.stores.local import LocalKVStore
@@ -232,8 +233,9 @@ def test_pruning_measures_are_scored_like_every_method(composer):
 
 
 def test_pruning_rows_never_feed_the_gate():
-    row = {"workload": "rag", "method": "snapkv@kv0.5", "strategy": "snapkv", "ratio": 0.5,
-           "tasks": 12, "delta_nll": 0.0, "agreement": 1.0, "speedup": 3.0,
-           "recompute_ratio": 1.0, "fallbacks": 0, "kind": "pruning"}
+    row = ResultRow.from_json({
+        "workload": "rag", "method": "snapkv@kv0.5", "strategy": "snapkv", "ratio": 0.5,
+        "tasks": 12, "delta_nll": 0.0, "agreement": 1.0, "speedup": 3.0,
+        "recompute_ratio": 1.0, "fallbacks": 0, "kind": "pruning"})
     [entry] = support.gate_entries([row], "llama")
     assert entry["passed"] is False and entry["candidates"] == []

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import fields
 from pathlib import Path
 
-from codekv.eval.runner import Measure
-
-_FIELDS = {f.name for f in fields(Measure)}
+from codekv.eval.measures import Measure
 
 
 class CheckpointMismatch(ValueError):
@@ -37,7 +34,7 @@ class Checkpoint:
                 f"{self.path} was written by an evaluation with another configuration; "
                 "remove it or point --checkpoint elsewhere")
         for record in tasks:
-            self.done[record["task"]] = [measure(m) for m in record["measures"]]
+            self.done[record["task"]] = [Measure.from_json(m) for m in record["measures"]]
         self._rewrite(tasks)  # drops a line cut short by the interruption
 
     def add(self, task_id: str, measures: list[Measure]) -> None:
@@ -64,6 +61,3 @@ class Checkpoint:
         tmp.write_text("".join(line + "\n" for line in lines))
         os.replace(tmp, self.path)
 
-
-def measure(data: dict) -> Measure:
-    return Measure(**{k: v for k, v in data.items() if k in _FIELDS})

@@ -238,7 +238,7 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
     for entry in result.gate:  # what each verdict was measured on: all the gate licenses
         entry["covers"] = covers.get(entry["workload"])
     if plots:
-        made = report.plot(result.rows, [m.as_json() for m in result.measures], plots)
+        made = report.plot(result.rows, result.measures, plots)
         if isinstance(made, str):
             notes.append(made)
         else:

@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from codekv.eval.checkpoint import measure
 from codekv.eval.markdown import optional, row
+from codekv.eval.measures import Measure, ResultRow
 from codekv.eval.report import ci
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, failures, gate_entries
@@ -32,14 +32,15 @@ class GridError(ValueError):
     """The runs cannot be merged: they measured different tasks, or the same ones differently."""
 
 
-def merge(runs: list[dict]) -> list:
+def merge(runs: list[dict]) -> list[Measure]:
     """The runs' measures as one list: full prefill's once (from the first run), every other
     method's from the first run that has it."""
     if not runs:
         raise GridError("no runs to merge")
-    reference = _full_nll(runs[0])
-    for index, run in enumerate(runs[1:], 2):
-        other = _full_nll(run)
+    measured = [[Measure.from_json(data) for data in run["measures"]] for run in runs]
+    reference = _full_nll(measured[0])
+    for index, measures in enumerate(measured[1:], 2):
+        other = _full_nll(measures)
         if other.keys() != reference.keys():
             raise GridError(f"run {index} measured other tasks than run 1 "
                             f"({len(other.keys() - reference.keys())} not in run 1, "
@@ -50,17 +51,17 @@ def merge(runs: list[dict]) -> list:
             raise GridError(f"run {index}'s full prefill differs from run 1's on {len(far)} "
                             f"tasks (first {far[0]}): another model or other task texts")
     merged, seen = [], set()
-    for run in runs:
-        for data in run["measures"]:
-            key = (data["workload"], data["task"], data["method"])
+    for measures in measured:
+        for m in measures:
+            key = (m.workload, m.task, m.method)
             if key not in seen:
                 seen.add(key)
-                merged.append(measure(data))
+                merged.append(m)
     return merged
 
 
-def _full_nll(run: dict) -> dict[tuple[str, str], float]:
-    return {(m["workload"], m["task"]): m["nll"] for m in run["measures"] if m["method"] == "full"}
+def _full_nll(measures: list[Measure]) -> dict[tuple[str, str], float]:
+    return {(m.workload, m.task): m.nll for m in measures if m.method == "full"}
 
 
 def grid_tables(measures, thresholds: Thresholds | None = None, family: str = "llama") -> str:
@@ -70,16 +71,16 @@ def grid_tables(measures, thresholds: Thresholds | None = None, family: str = "l
     rows = aggregate(measures)
     compared = comparisons(measures)
     out = []
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        mine = [r for r in rows if r["workload"] == workload]
+    for workload in dict.fromkeys(r.workload for r in rows):
+        mine = [r for r in rows if r.workload == workload]
         out += _workload_tables(workload, mine, [c for c in compared if c["workload"] == workload],
                                 thresholds, family)
     return "\n".join(out)
 
 
-def _workload_tables(workload: str, rows: list[dict], compared: list[dict],
+def _workload_tables(workload: str, rows: list[ResultRow], compared: list[dict],
                      thresholds: Thresholds, family: str) -> list[str]:
-    cells = {(r["rule"], r["ratio"]): r for r in rows if _graded(r)}
+    cells = {(r.rule, r.ratio): r for r in rows if _graded(r)}
     rules = list(dict.fromkeys(rule for rule, _ in cells))
     ratios = sorted({ratio for _, ratio in cells})
 
@@ -91,9 +92,9 @@ def _workload_tables(workload: str, rows: list[dict], compared: list[dict],
 
     out = [f"### {workload}: mean \\|ΔNLL\\| [95% CI]", ""]
     out += table(lambda rule, ratio: _abs(cells.get((rule, ratio))))
-    fixed = [r for r in rows if not _graded(r) and r["method"] != "full"]
+    fixed = [r for r in rows if not _graded(r) and r.method != "full"]
     if fixed:
-        out += ["", "Without a ratio: " + "; ".join(f"{r['method']} {_abs(r)}" for r in fixed)
+        out += ["", "Without a ratio: " + "; ".join(f"{r.method} {_abs(r)}" for r in fixed)
                 + "."]
     out += ["", f"### {workload}: the gate per cell (ΔNLL upper end / score-drop upper end / "
                 "decisive agreement / speedup)", ""]
@@ -110,22 +111,22 @@ def _workload_tables(workload: str, rows: list[dict], compared: list[dict],
     return out + [""]
 
 
-def _graded(result: dict) -> bool:
+def _graded(result: ResultRow) -> bool:
     """A composition rule run at a ratio (``none`` and the references have none)."""
-    return result["kind"] == "composition" and result["ratio"] > 0
+    return result.kind == "composition" and result.ratio > 0
 
 
-def _abs(cell: dict | None) -> str:
-    return "-" if cell is None else ci(cell["abs_delta_nll"], cell["abs_delta_nll_ci"], ".3f")
+def _abs(cell: ResultRow | None) -> str:
+    return "-" if cell is None else ci(cell.abs_delta_nll, cell.abs_delta_nll_ci, ".3f")
 
 
-def _verdict(cell: dict | None, thresholds: Thresholds) -> str:
+def _verdict(cell: ResultRow | None, thresholds: Thresholds) -> str:
     if cell is None:
         return "-"
     figures = " / ".join([
-        _upper(cell["delta_nll_ci"], "+.3f"), _upper(cell["score_drop_ci"], "+.2f"),
-        optional(cell["decisive_agreement"], ".1%"),
-        "-" if cell["speedup"] is None else f"{cell['speedup']:.2f}x",
+        _upper(cell.delta_nll_ci, "+.3f"), _upper(cell.score_drop_ci, "+.2f"),
+        optional(cell.decisive_agreement, ".1%"),
+        "-" if cell.speedup is None else f"{cell.speedup:.2f}x",
     ])
     return f"{'pass' if not failures(cell, thresholds) else 'fail'} {figures}"
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from codekv.backends.engines import TRANSFORMERS
 from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval import methods, reuse, runner
+from codekv.eval.measures import Measure, ResultRow
 from codekv.eval.registry import WORKLOADS
 from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
@@ -91,8 +92,8 @@ class EvalConfig:
 class EvalResult:
     config: EvalConfig
     model: dict
-    rows: list[dict]
-    measures: list[runner.Measure]
+    rows: list[ResultRow]
+    measures: list[Measure]
     tasks: list
     gate: list[dict]
     comparisons: list[dict]
@@ -106,7 +107,7 @@ class EvalResult:
 
     def as_json(self) -> dict:
         return {
-            "results": self.rows,
+            "results": [r.as_json() for r in self.rows],
             "gate": self.gate,
             "comparisons": self.comparisons,
             "reuse": self.reuse,
@@ -265,7 +266,7 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
 
 
 def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: list,
-             loads: list, progress) -> tuple[list[runner.Measure], int]:
+             loads: list, progress) -> tuple[list[Measure], int]:
     """Every scheduled method on every task, on a chunk store of its own, resuming from the
     checkpoint when there is one; also how many tasks the checkpoint already held."""
     from codekv.compose import Composer

@@ -11,41 +11,39 @@ import json
 import sys
 from pathlib import Path
 
-from codekv.eval.report import ci
-from codekv.eval.results import mean_ci
+from codekv.eval.measures import Measure, ResultRow
+from codekv.eval.report import ci, is_peer, is_pruning
+from codekv.eval.results import aggregate, comparisons, mean_ci
+
+
+def results(data: dict) -> list[ResultRow]:
+    """The result rows of an ``eval --json`` document."""
+    return [ResultRow.from_json(r) for r in data["results"]]
 
 
 def row(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def _pruning(row: dict) -> bool:
-    return row.get("kind") == "pruning"
-
-
-def _peer(row: dict) -> bool:
-    return row.get("kind") == "peer"
-
-
 def results_tables(data: dict) -> str:
     """Composition and reference rows per workload, each mean with its 95% interval."""
     lines = []
-    for workload in dict.fromkeys(r["workload"] for r in data["results"]):
+    for workload in dict.fromkeys(r.workload for r in results(data)):
         lines += [f"### {workload}", ""]
         lines.append(row(["method", "ratio", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]",
                            "agreement", "decisive agreement", "near-ties",
                            "edit-similarity drop [95% CI]", "KL", "TTFT s", "speedup"]))
         lines.append(row(["---"] * 12))
-        for r in data["results"]:
-            if r["workload"] != workload or _pruning(r) or _peer(r):
+        for r in results(data):
+            if r.workload != workload or is_pruning(r) or is_peer(r):
                 continue
             lines.append(row([
-                r.get("rule") or r.get("strategy") or r["method"],
-                f"{r['ratio']:.2f}", r["tasks"], ci(r["delta_nll"], r["delta_nll_ci"], "+.3f"),
-                ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"), f"{r['agreement']:.2f}",
-                optional(r["decisive_agreement"], ".2f"), r["near_ties"],
-                ci(r["score_drop"], r["score_drop_ci"], "+.1f"), f"{r['kl']:.3f}",
-                f"{r['ttft_s']:.2f}", optional(r["speedup"], ".2f") + "x",
+                r.rule or r.strategy or r.method,
+                f"{r.ratio:.2f}", r.tasks, ci(r.delta_nll, r.delta_nll_ci, "+.3f"),
+                ci(r.abs_delta_nll, r.abs_delta_nll_ci, ".3f"), f"{r.agreement:.2f}",
+                optional(r.decisive_agreement, ".2f"), r.near_ties,
+                ci(r.score_drop, r.score_drop_ci, "+.1f"), f"{r.kl:.3f}",
+                f"{r.ttft_s:.2f}", optional(r.speedup, ".2f") + "x",
             ]))
         lines.append("")
     return "\n".join(lines)
@@ -94,16 +92,16 @@ def repository_tables(data: dict) -> str:
 def conditioning_table(data: dict) -> str:
     """What each conditioning costs offline (filling the chunk store) against what it buys;
     empty unless the run crossed several conditionings."""
-    rows = [r for r in data["results"] if r.get("kind") == "composition"]
-    if len({r.get("conditioning") for r in rows}) < 2:
+    rows = [r for r in results(data) if r.kind == "composition"]
+    if len({r.conditioning for r in rows}) < 2:
         return ""
     lines = [row(["workload", "method", "conditioning", "\\|ΔNLL\\| [95% CI]", "KL",
                    "offline prefill s/task", "offline tokens/task"]), row(["---"] * 7)]
-    for r in sorted(rows, key=lambda r: (r["workload"], r["strategy"], r["ratio"])):
-        lines.append(row([r["workload"], r["method"], r["conditioning"],
-                           ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"),
-                           f"{r['kl']:.3f}", f"{r['offline_prefill_s']:.2f}",
-                           f"{r['offline_tokens']:.0f}"]))
+    for r in sorted(rows, key=lambda r: (r.workload, r.strategy, r.ratio)):
+        lines.append(row([r.workload, r.method, r.conditioning,
+                           ci(r.abs_delta_nll, r.abs_delta_nll_ci, ".3f"),
+                           f"{r.kl:.3f}", f"{r.offline_prefill_s:.2f}",
+                           f"{r.offline_tokens:.0f}"]))
     return "\n".join(lines) + "\n"
 
 
@@ -113,19 +111,19 @@ def optional(value, fmt: str) -> str:
 
 def pruning_tables(data: dict) -> str:
     """KV pruning baselines (kvpress) at equal KV budgets, per workload; empty without any."""
-    rows = [r for r in data["results"] if _pruning(r)]
+    rows = [r for r in results(data) if is_pruning(r)]
     lines = []
-    for workload in dict.fromkeys(r["workload"] for r in rows):
+    for workload in dict.fromkeys(r.workload for r in rows):
         lines += [f"### {workload}: KV pruning at equal budgets", ""]
         lines.append(row(["method", "KV budget", "KV kept", "tasks", "ΔNLL", "agreement",
                            "exact match", "KL", "TTFT s", "speedup"]))
         lines.append(row(["---"] * 10))
         for r in rows:
-            if r["workload"] == workload:
+            if r.workload == workload:
                 lines.append(row([
-                    r["strategy"], f"{r['budget']:.0%}", f"{r['kv_kept']:.1%}", r["tasks"],
-                    f"{r['delta_nll']:+.3f}", f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}",
-                    f"{r['kl']:.3f}", f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
+                    r.strategy, f"{r.budget:.0%}", f"{r.kv_kept:.1%}", r.tasks,
+                    f"{r.delta_nll:+.3f}", f"{r.agreement:.2f}", f"{r.exact_match:.2f}",
+                    f"{r.kl:.3f}", f"{r.ttft_s:.2f}", f"{r.speedup:.2f}x",
                 ]))
         lines.append("")
     return "\n".join(lines)
@@ -133,16 +131,16 @@ def pruning_tables(data: dict) -> str:
 
 def peer_table(data: dict) -> str:
     """The peer library (kvboost) on the same tokens; empty when it did not run."""
-    rows = [r for r in data["results"] if _peer(r)]
+    rows = [r for r in results(data) if is_peer(r)]
     if not rows:
         return ""
     lines = [row(["workload", "method", "tasks", "reused", "ΔNLL", "agreement", "exact match",
                    "KL", "TTFT s", "speedup"]), row(["---"] * 10)]
     for r in rows:
         lines.append(row([
-            r["workload"], r["method"], r["tasks"], f"{1 - r['recompute_ratio']:.0%}",
-            f"{r['delta_nll']:+.3f}", f"{r['agreement']:.2f}", f"{r['exact_match']:.2f}",
-            f"{r['kl']:.3f}", f"{r['ttft_s']:.2f}", f"{r['speedup']:.2f}x",
+            r.workload, r.method, r.tasks, f"{1 - r.recompute_ratio:.0%}",
+            f"{r.delta_nll:+.3f}", f"{r.agreement:.2f}", f"{r.exact_match:.2f}",
+            f"{r.kl:.3f}", f"{r.ttft_s:.2f}", f"{r.speedup:.2f}x",
         ]))
     return "\n".join(lines) + "\n"
 
@@ -185,14 +183,12 @@ def gate_table(data: dict) -> str:
 
 def from_checkpoint(path: str) -> dict:
     """An unfinished run's finished tasks, shaped like ``codekv eval --json`` output."""
-    from codekv.eval.checkpoint import measure
-    from codekv.eval.results import aggregate, comparisons
-
     header, *tasks = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
-    measures = [measure(m) for task in tasks for m in task["measures"]]
+    measures = [Measure.from_json(m) for task in tasks for m in task["measures"]]
     return {"command": f"the {len(tasks)} finished tasks of a checkpoint of a run with "
                        f"configuration {json.dumps(header['config'], sort_keys=True)}",
-            "results": aggregate(measures), "comparisons": comparisons(measures),
+            "results": [r.as_json() for r in aggregate(measures)],
+            "comparisons": comparisons(measures),
             "measures": [m.as_json() for m in measures], "gate": []}
 
 

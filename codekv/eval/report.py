@@ -7,17 +7,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from codekv.eval.measures import Measure, ResultRow
+
 
 def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def is_pruning(row: dict) -> bool:
-    return row.get("kind") == "pruning"
+def is_pruning(row: ResultRow) -> bool:
+    return row.kind == "pruning"
 
 
-def is_peer(row: dict) -> bool:
-    return row.get("kind") == "peer"
+def is_peer(row: ResultRow) -> bool:
+    return row.kind == "peer"
 
 
 def ci(value, interval, fmt: str) -> str:
@@ -29,7 +31,7 @@ def ci(value, interval, fmt: str) -> str:
     return f"{value:{fmt}} [{interval[0]:{fmt}}, {interval[1]:{fmt}}]"
 
 
-def results_table(rows: list[dict], title: str = "codekv eval") -> Table:
+def results_table(rows: list[ResultRow], title: str = "codekv eval") -> Table:
     table = Table(title=title + " (95% intervals over tasks)")
     for name in ("workload", "method", "tasks", "dNLL", "|dNLL|", "agree", "decisive",
                  "ties", "ES drop", "KL", "TTFT s", "speedup", "recomp"):
@@ -38,13 +40,13 @@ def results_table(rows: list[dict], title: str = "codekv eval") -> Table:
         if is_pruning(r):
             continue
         table.add_row(
-            r["workload"], r["method"], str(r["tasks"]),
-            ci(r["delta_nll"], r["delta_nll_ci"], "+.3f"),
-            ci(r["abs_delta_nll"], r["abs_delta_nll_ci"], ".3f"), _num(r["agreement"], ".1%"),
-            _num(r["decisive_agreement"], ".1%"), str(r["near_ties"]),
-            ci(r["score_drop"], r["score_drop_ci"], "+.1f"), _num(r["kl"], ".3f"),
-            _num(r["ttft_s"], ".2f"), _num(r["speedup"], ".1f") + "x",
-            _num(r["recompute_ratio"], ".0%"),
+            r.workload, r.method, str(r.tasks),
+            ci(r.delta_nll, r.delta_nll_ci, "+.3f"),
+            ci(r.abs_delta_nll, r.abs_delta_nll_ci, ".3f"), _num(r.agreement, ".1%"),
+            _num(r.decisive_agreement, ".1%"), str(r.near_ties),
+            ci(r.score_drop, r.score_drop_ci, "+.1f"), _num(r.kl, ".3f"),
+            _num(r.ttft_s, ".2f"), _num(r.speedup, ".1f") + "x",
+            _num(r.recompute_ratio, ".0%"),
         )
     return table
 
@@ -63,7 +65,7 @@ def comparisons_table(comparisons: list[dict]) -> Table:
     return table
 
 
-def pruning_table(rows: list[dict]) -> Table:
+def pruning_table(rows: list[ResultRow]) -> Table:
     """KV pruning baselines at equal budgets: quality for the share of context KV kept."""
     table = Table(title="KV pruning (kvpress) at equal KV budgets, against full prefill")
     for name in ("workload", "method", "budget", "KV kept", "tasks", "dNLL", "|dNLL|", "agree",
@@ -73,11 +75,11 @@ def pruning_table(rows: list[dict]) -> Table:
         if not is_pruning(r):
             continue
         table.add_row(
-            r["workload"], r["strategy"], _num(r["budget"], ".0%"), _num(r["kv_kept"], ".1%"),
-            str(r["tasks"]), _num(r["delta_nll"], "+.3f"), _num(r["abs_delta_nll"], ".3f"),
-            _num(r["agreement"], ".1%"), _num(r["greedy_match"], ".0%"),
-            _num(r["exact_match"], ".0%"), _num(r["kl"], ".3f"), _num(r["ttft_s"], ".2f"),
-            _num(r["speedup"], ".1f") + "x", _num(r["kv_bytes"] / 2**20, ".1f"),
+            r.workload, r.strategy, _num(r.budget, ".0%"), _num(r.kv_kept, ".1%"),
+            str(r.tasks), _num(r.delta_nll, "+.3f"), _num(r.abs_delta_nll, ".3f"),
+            _num(r.agreement, ".1%"), _num(r.greedy_match, ".0%"),
+            _num(r.exact_match, ".0%"), _num(r.kl, ".3f"), _num(r.ttft_s, ".2f"),
+            _num(r.speedup, ".1f") + "x", _num(r.kv_bytes / 2**20, ".1f"),
         )
     return table
 
@@ -108,7 +110,7 @@ def gate_table(entries: list[dict]) -> Table:
     return table
 
 
-def print_report(console: Console, rows: list[dict], entries: list[dict] | None,
+def print_report(console: Console, rows: list[ResultRow], entries: list[dict] | None,
                  reuse: dict | None, notes: list[str], throughput: list[dict] = (),
                  comparisons: list[dict] = ()) -> None:
     console.print(results_table(rows))
@@ -132,7 +134,7 @@ def print_report(console: Console, rows: list[dict], entries: list[dict] | None,
         console.print(f"[yellow]note[/yellow]: {note}")
 
 
-def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[Path] | str:
+def plot(rows: list[ResultRow], measures: list[Measure], directory: str | Path) -> list[Path] | str:
     """Quality vs recompute ratio per strategy, TTFT vs context length, and (when pruning ran)
     quality vs KV budget per pruning rule; returns the files, or why there are none
     (matplotlib is an optional extra)."""
@@ -147,16 +149,16 @@ def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[
     directory.mkdir(parents=True, exist_ok=True)
     pruned = [r for r in rows if is_pruning(r)]
     rows = [r for r in rows if not is_pruning(r) and not is_peer(r)]
-    measures = [m for m in measures if m.get("kind") not in ("pruning", "peer")]
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    measures = [m for m in measures if m.kind not in ("pruning", "peer")]
+    workloads = list(dict.fromkeys(r.workload for r in rows))
     files = []
 
     fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7), squeeze=False)
     for column, workload in enumerate(workloads):
-        mine = [r for r in rows if r["workload"] == workload and r["strategy"] != "full"]
-        for strategy in dict.fromkeys(r["rule"] for r in mine):
-            points = sorted((r["ratio"], r["abs_delta_nll"], r["agreement"])
-                            for r in mine if r["rule"] == strategy)
+        mine = [r for r in rows if r.workload == workload and r.strategy != "full"]
+        for strategy in dict.fromkeys(r.rule for r in mine):
+            points = sorted((r.ratio, r.abs_delta_nll, r.agreement)
+                            for r in mine if r.rule == strategy)
             if strategy in ("none", "none-norope"):  # no ratio: a level to beat
                 axes[0][column].axhline(points[0][1], linestyle="--", label=strategy,
                                         color="grey" if strategy == "none" else "silver")
@@ -177,13 +179,13 @@ def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 5))
-    full = {(m["workload"], m["task"]): m for m in measures if m["strategy"] == "full"}
-    ax.scatter([m["context_tokens"] for m in full.values()],
-               [m["ttft_s"] for m in full.values()], label="full prefill", marker="s")
-    for method in dict.fromkeys(m["method"] for m in measures if m["strategy"] != "full"):
+    full = {(m.workload, m.task): m for m in measures if m.strategy == "full"}
+    ax.scatter([m.context_tokens for m in full.values()],
+               [m.ttft_s for m in full.values()], label="full prefill", marker="s")
+    for method in dict.fromkeys(m.method for m in measures if m.strategy != "full"):
         if method.endswith("@0.15") or method == "none":
-            mine = [m for m in measures if m["method"] == method]
-            ax.scatter([m["context_tokens"] for m in mine], [m["ttft_s"] for m in mine],
+            mine = [m for m in measures if m.method == method]
+            ax.scatter([m.context_tokens for m in mine], [m.ttft_s for m in mine],
                        label=method, s=12)
     ax.set_xlabel("context tokens")
     ax.set_ylabel("TTFT (s)")
@@ -197,15 +199,15 @@ def plot(rows: list[dict], measures: list[dict], directory: str | Path) -> list[
     return files
 
 
-def _plot_pruning(plt, rows: list[dict], path: Path) -> Path:
+def _plot_pruning(plt, rows: list[ResultRow], path: Path) -> Path:
     """Per workload: |delta NLL| and greedy agreement against the share of context KV kept."""
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    workloads = list(dict.fromkeys(r.workload for r in rows))
     fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7), squeeze=False)
     for column, workload in enumerate(workloads):
-        mine = [r for r in rows if r["workload"] == workload]
-        for strategy in dict.fromkeys(r["strategy"] for r in mine):
-            points = sorted((r["budget"], r["abs_delta_nll"], r["agreement"])
-                            for r in mine if r["strategy"] == strategy)
+        mine = [r for r in rows if r.workload == workload]
+        for strategy in dict.fromkeys(r.strategy for r in mine):
+            points = sorted((r.budget, r.abs_delta_nll, r.agreement)
+                            for r in mine if r.strategy == strategy)
             x = [p[0] for p in points]
             style = "s-" if strategy == "anchor-preserving" else "o-"
             axes[0][column].plot(x, [p[1] for p in points], style, label=strategy)
@@ -214,7 +216,7 @@ def _plot_pruning(plt, rows: list[dict], path: Path) -> Path:
             axes[row][column].set_xlim(0, 1.05)
             axes[row][column].axhline(row, linestyle="--", color="grey", label="full")
         axes[0][column].set_ylim(bottom=0)
-        axes[0][column].set_title(f"{workload} ({mine[0]['tasks']} tasks)")
+        axes[0][column].set_title(f"{workload} ({mine[0].tasks} tasks)")
         axes[0][column].set_ylabel("mean |delta NLL| (nats/token)")
         axes[1][column].set_ylabel("greedy agreement")
         axes[1][column].set_xlabel("share of context KV kept")

@@ -6,21 +6,10 @@ from __future__ import annotations
 import math
 from statistics import fmean, median, stdev
 
+from codekv.eval.measures import ResultRow
 from codekv.eval.methods import rule_name
 from codekv.eval.stats import bootstrap_ci, paired_difference
 
-# The keys every result row has (the JSON schema of ``results``), in table order.
-ROW_KEYS = (
-    "workload", "method", "strategy", "rule", "conditioning", "ratio", "tasks", "delta_nll",
-    "delta_nll_ci",
-    "abs_delta_nll", "abs_delta_nll_ci", "delta_nll_se", "nll", "agreement", "agreement_ci",
-    "decisive_agreement", "decisive_agreement_ci", "decisive_positions", "near_ties",
-    "greedy_match", "exact_match", "answer_exact", "edit_similarity", "edit_similarity_ci",
-    "identifier_f1", "score_drop", "score_drop_ci", "kl", "kl_ci", "kl_answer",
-    "ttft_s", "full_ttft_s", "speedup", "recompute_ratio", "context_tokens", "store_load_s",
-    "offline_prefill_s", "offline_tokens", "fallbacks", "kind", "budget", "kv_kept", "kv_bytes",
-    "full_kv_bytes",
-)
 # Rules are compared with these baselines, at the same ratio, on the same tasks; ``query``
 # so that its variants (``query-cost``, ``query-anchors``) show what their addition does.
 BASELINES = ("deviation", "boundary", "query")
@@ -33,7 +22,7 @@ def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
     return fmean(values), list(interval) if interval else None
 
 
-def aggregate(measures) -> list[dict]:
+def aggregate(measures) -> list[ResultRow]:
     """One row per (workload, method), in the order first measured.
 
     ``speedup`` is the median over tasks of full prefill's TTFT over the method's: a stall of
@@ -61,53 +50,53 @@ def aggregate(measures) -> list[dict]:
         similarity, similarity_ci = mean_ci([m.edit_similarity for m in group])
         score_drop, score_drop_ci = mean_ci(drops)
         kl, kl_ci = mean_ci([m.kl for m in group])
-        rows.append({
-            "workload": workload,
-            "method": method,
-            "strategy": group[0].strategy,
-            "rule": _rule(group[0]),
-            "conditioning": group[0].conditioning,
-            "ratio": group[0].ratio,
-            "tasks": len(group),
-            "delta_nll": delta_nll,
-            "delta_nll_ci": delta_nll_ci,
-            "abs_delta_nll": abs_delta,
-            "abs_delta_nll_ci": abs_delta_ci,
-            "delta_nll_se": stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else None,
-            "nll": fmean(m.nll for m in group),
-            "agreement": agreement,
-            "agreement_ci": agreement_ci,
-            "decisive_agreement": decisive_agreement,
-            "decisive_agreement_ci": decisive_ci,
-            "decisive_positions": sum(m.decisive_positions for m in group),
-            "near_ties": sum(m.near_ties for m in group),
-            "greedy_match": fmean(float(m.greedy_match) for m in group),
-            "exact_match": fmean(float(m.exact_match) for m in group),
-            "answer_exact": fmean(float(m.answer_exact) for m in group),
-            "edit_similarity": similarity,
-            "edit_similarity_ci": similarity_ci,
-            "identifier_f1": fmean(m.identifier_f1 for m in group),
-            "score_drop": score_drop,
-            "score_drop_ci": score_drop_ci,
-            "kl": kl,
-            "kl_ci": kl_ci,
-            "kl_answer": fmean(m.kl_answer for m in group),
-            "ttft_s": fmean(m.ttft_s for m in group),
-            "full_ttft_s": fmean(m.full_ttft_s for m in group),
-            "speedup": median(ratios) if ratios else None,
-            "recompute_ratio": fmean(m.recompute_ratio for m in group),
-            "context_tokens": fmean(m.context_tokens for m in group),
-            "store_load_s": fmean(m.store_load_s for m in group),
-            "offline_prefill_s": fmean(m.offline_prefill_s for m in group),
-            "offline_tokens": fmean(m.offline_tokens for m in group),
-            "fallbacks": sum(1 for m in group
-                             if m.status == "full-prefill" and m.kind == "composition"),
-            "kind": group[0].kind,
-            "budget": group[0].budget,
-            "kv_kept": fmean(m.kv_kept for m in group),
-            "kv_bytes": fmean(m.kv_bytes for m in group),
-            "full_kv_bytes": fmean(m.full_kv_bytes for m in group),
-        })
+        rows.append(ResultRow(
+            workload=workload,
+            method=method,
+            strategy=group[0].strategy,
+            rule=_rule(group[0]),
+            conditioning=group[0].conditioning,
+            ratio=group[0].ratio,
+            tasks=len(group),
+            delta_nll=delta_nll,
+            delta_nll_ci=delta_nll_ci,
+            abs_delta_nll=abs_delta,
+            abs_delta_nll_ci=abs_delta_ci,
+            delta_nll_se=stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else None,
+            nll=fmean(m.nll for m in group),
+            agreement=agreement,
+            agreement_ci=agreement_ci,
+            decisive_agreement=decisive_agreement,
+            decisive_agreement_ci=decisive_ci,
+            decisive_positions=sum(m.decisive_positions for m in group),
+            near_ties=sum(m.near_ties for m in group),
+            greedy_match=fmean(float(m.greedy_match) for m in group),
+            exact_match=fmean(float(m.exact_match) for m in group),
+            answer_exact=fmean(float(m.answer_exact) for m in group),
+            edit_similarity=similarity,
+            edit_similarity_ci=similarity_ci,
+            identifier_f1=fmean(m.identifier_f1 for m in group),
+            score_drop=score_drop,
+            score_drop_ci=score_drop_ci,
+            kl=kl,
+            kl_ci=kl_ci,
+            kl_answer=fmean(m.kl_answer for m in group),
+            ttft_s=fmean(m.ttft_s for m in group),
+            full_ttft_s=fmean(m.full_ttft_s for m in group),
+            speedup=median(ratios) if ratios else None,
+            recompute_ratio=fmean(m.recompute_ratio for m in group),
+            context_tokens=fmean(m.context_tokens for m in group),
+            store_load_s=fmean(m.store_load_s for m in group),
+            offline_prefill_s=fmean(m.offline_prefill_s for m in group),
+            offline_tokens=fmean(m.offline_tokens for m in group),
+            fallbacks=sum(1 for m in group
+                          if m.status == "full-prefill" and m.kind == "composition"),
+            kind=group[0].kind,
+            budget=group[0].budget,
+            kv_kept=fmean(m.kv_kept for m in group),
+            kv_bytes=fmean(m.kv_bytes for m in group),
+            full_kv_bytes=fmean(m.full_kv_bytes for m in group),
+        ))
     return rows
 
 

@@ -37,7 +37,7 @@ from typing import Protocol
 import torch
 
 from codekv.compose import Composer
-from codekv.conditioning import DEFAULT_CONDITIONING
+from codekv.eval.measures import Measure
 from codekv.eval.methods import FULL_REORDERED, REFERENCE, Method
 from codekv.eval.scores import score
 from codekv.eval.workloads import Task
@@ -119,54 +119,6 @@ def reordered(task: Task) -> list:
     while order == sorted(order):
         rng.shuffle(order)
     return [task.context[i] for i in order]
-
-
-@dataclass
-class Measure:
-    """One method on one task."""
-
-    workload: str
-    task: str
-    method: str
-    strategy: str
-    ratio: float
-    status: str
-    nll: float
-    delta_nll: float
-    exact_match: bool
-    kl: float
-    kl_answer: float
-    agreement: float
-    greedy_match: bool
-    decisive_agreement: float | None  # None: every greedy position was a near-tie
-    decisive_positions: int
-    near_ties: int
-    answer_exact: bool  # task score of the greedy answer: exact match,
-    edit_similarity: float  # edit similarity (0-100),
-    identifier_f1: float  # and identifier F1
-    ttft_s: float
-    full_ttft_s: float
-    context_tokens: int
-    query_tokens: int
-    answer_tokens: int
-    recomputed_tokens: int
-    recompute_ratio: float
-    store_load_s: float = 0.0
-    conditioning: str = DEFAULT_CONDITIONING  # what the chunk KV was computed after
-    offline_prefill_s: float = 0.0  # filling the chunk store for this task (cold chunks only)
-    offline_tokens: int = 0  # tokens run through the model for it (chunks + their conditioning)
-    fallback_reason: str | None = None
-    kind: str = "composition"  # "reference" (full prefill), "composition", "pruning", "peer"
-    budget: float | None = None  # pruning: the share of context KV kept
-    kv_bytes: int = 0  # context KV the request state holds
-    full_kv_bytes: int = 0  # context KV full prefill holds
-
-    @property
-    def kv_kept(self) -> float:
-        return self.kv_bytes / self.full_kv_bytes if self.full_kv_bytes else 1.0
-
-    def as_json(self) -> dict:
-        return dict(self.__dict__, kv_kept=self.kv_kept)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from codekv.backends.engines import TRANSFORMERS
 from codekv.chunks import Chunk
+from codekv.eval.measures import ResultRow
 from codekv.eval.methods import GATE_STRATEGIES
 from codekv.gate import CODE_WORKLOAD, UnreadableSupportFile, read_support_text
 
@@ -51,52 +52,52 @@ def _high(interval) -> float:
     return interval[1] if interval else math.inf
 
 
-def failures(row: dict, thresholds: Thresholds) -> list[str]:
+def failures(row: ResultRow, thresholds: Thresholds) -> list[str]:
     """Why a result row does not meet the thresholds (empty when it does)."""
     t = thresholds
     out = []
-    if row["tasks"] < t.min_tasks:
-        out.append(f"only {row['tasks']} tasks (need {t.min_tasks})")
-    if row.get("fallbacks"):
-        out.append(f"{row['fallbacks']} requests fell back to full prefill")
-    if _high(row["delta_nll_ci"]) > t.max_delta_nll_high:
-        out.append(f"delta NLL CI high {_high(row['delta_nll_ci']):.3f} > "
+    if row.tasks < t.min_tasks:
+        out.append(f"only {row.tasks} tasks (need {t.min_tasks})")
+    if row.fallbacks:
+        out.append(f"{row.fallbacks} requests fell back to full prefill")
+    if _high(row.delta_nll_ci) > t.max_delta_nll_high:
+        out.append(f"delta NLL CI high {_high(row.delta_nll_ci):.3f} > "
                    f"{t.max_delta_nll_high}")
-    if _high(row["score_drop_ci"]) > t.max_score_drop_high:
-        out.append(f"score drop CI high {_high(row['score_drop_ci']):.2f} > "
+    if _high(row.score_drop_ci) > t.max_score_drop_high:
+        out.append(f"score drop CI high {_high(row.score_drop_ci):.2f} > "
                    f"{t.max_score_drop_high}")
-    decisive = row["decisive_agreement"]
+    decisive = row.decisive_agreement
     if decisive is None or decisive < t.min_decisive_agreement:
         shown = "n/a" if decisive is None else f"{decisive:.3f}"
         out.append(f"decisive agreement {shown} < {t.min_decisive_agreement}")
-    if row["speedup"] is None or row["speedup"] < t.min_speedup:
-        speedup = "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+    if row.speedup is None or row.speedup < t.min_speedup:
+        speedup = "n/a" if row.speedup is None else f"{row.speedup:.2f}x"
         out.append(f"speedup {speedup} < {t.min_speedup}x")
     return out
 
 
-def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresholds(),
+def gate_entries(rows: list[ResultRow], family: str, thresholds: Thresholds = Thresholds(),
                  model: str | None = None, engine: str = TRANSFORMERS) -> list[dict]:
     """One entry per workload in ``rows``: the verdict for (engine, family, workload)."""
     entries = []
-    for workload in dict.fromkeys(r["workload"] for r in rows):
+    for workload in dict.fromkeys(r.workload for r in rows):
         candidates = [r for r in rows
-                      if r["workload"] == workload and r["strategy"] in GATE_STRATEGIES]
+                      if r.workload == workload and r.strategy in GATE_STRATEGIES]
         judged = [(r, failures(r, thresholds)) for r in candidates]
         passing = [r for r, why in judged if not why]
         entry = {"backend": engine, "family": family, "workload": workload, "model": model,
                  "thresholds": asdict(thresholds)}
         if passing:
             best = _cheapest(passing)
-            entry.update(passed=True, strategy=best["strategy"], ratio=best["ratio"],
-                         conditioning=best["conditioning"], method=best["method"],
+            entry.update(passed=True, strategy=best.strategy, ratio=best.ratio,
+                         conditioning=best.conditioning, method=best.method,
                          measured=_measured(best),
-                         reason=f"{best['method']} meets every threshold")
+                         reason=f"{best.method} meets every threshold")
         elif judged:
             closest, why = _closest(judged)
             entry.update(passed=False, strategy=None, ratio=None, method=None,
-                         closest=closest["method"], measured=_measured(closest),
-                         reason=f"no strategy meets the thresholds; closest {closest['method']}: "
+                         closest=closest.method, measured=_measured(closest),
+                         reason=f"no strategy meets the thresholds; closest {closest.method}: "
                                 + "; ".join(why))
         else:
             entry.update(passed=False, strategy=None, ratio=None, method=None, measured={},
@@ -107,17 +108,17 @@ def gate_entries(rows: list[dict], family: str, thresholds: Thresholds = Thresho
 
 
 def _candidates(judged) -> list[dict]:
-    return [{"method": r["method"], "passed": not why, "failures": why, "measured": _measured(r)}
+    return [{"method": r.method, "passed": not why, "failures": why, "measured": _measured(r)}
             for r, why in judged]
 
 
-def _cheapest(rows: list[dict]) -> dict:
-    return min(rows, key=lambda r: (r["recompute_ratio"], r["ratio"], -r["speedup"]))
+def _cheapest(rows: list[ResultRow]) -> ResultRow:
+    return min(rows, key=lambda r: (r.recompute_ratio, r.ratio, -r.speedup))
 
 
-def _closest(judged) -> tuple[dict, list[str]]:
+def _closest(judged) -> tuple[ResultRow, list[str]]:
     """The candidate nearest to passing: fewest failed thresholds, then lowest ΔNLL bound."""
-    return min(judged, key=lambda j: (len(j[1]), _high(j[0]["delta_nll_ci"])))
+    return min(judged, key=lambda j: (len(j[1]), _high(j[0].delta_nll_ci)))
 
 
 def evidence_passed(entry: dict) -> list[str]:
@@ -127,7 +128,7 @@ def evidence_passed(entry: dict) -> list[str]:
     return [c["method"] for c in entry.get("candidates", []) if c.get("passed")]
 
 
-def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) -> list[str]:
+def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dict) -> list[str]:
     """Judge ``document``'s entries for ``rows``' workloads again on these held-out rows, in
     place; returns what was decided, one line per entry.
 
@@ -145,7 +146,7 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
         if _pair(entry) != (run["engine"], family, entry.get("workload")) or not candidates:
             continue
         ours = [r for r in rows
-                if r["workload"] == entry["workload"] and r["method"] in candidates]
+                if r.workload == entry["workload"] and r.method in candidates]
         if not ours:
             continue
         thresholds = Thresholds(**entry.get("thresholds", {}))
@@ -159,23 +160,23 @@ def confirm_entries(document: dict, rows: list[dict], family: str, run: dict) ->
         if passing:
             best = _cheapest(passing)
             evidence = {c["method"]: c.get("measured") for c in entry.get("candidates", [])}
-            measured = evidence.get(best["method"]) or (
-                entry.get("measured") if entry.get("method") == best["method"] else None)
-            held_out.update(passed=True, method=best["method"], measured=_measured(best))
-            entry.update(strategy=best["strategy"], ratio=best["ratio"],
-                         conditioning=best["conditioning"], method=best["method"],
+            measured = evidence.get(best.method) or (
+                entry.get("measured") if entry.get("method") == best.method else None)
+            held_out.update(passed=True, method=best.method, measured=_measured(best))
+            entry.update(strategy=best.strategy, ratio=best.ratio,
+                         conditioning=best.conditioning, method=best.method,
                          measured=measured,
-                         reason=f"{best['method']} meets every threshold on its evidence tasks "
+                         reason=f"{best.method} meets every threshold on its evidence tasks "
                                 "and on held-out tasks")
-            lines.append(f"{pair}: confirmed on held-out tasks with {best['method']}")
+            lines.append(f"{pair}: confirmed on held-out tasks with {best.method}")
         else:
             closest, why = _closest(judged)
-            held_out.update(passed=False, method=None, closest=closest["method"],
+            held_out.update(passed=False, method=None, closest=closest.method,
                             measured=_measured(closest))
             entry["reason"] = (f"passed its evidence tasks, but on held-out tasks no strategy "
-                               f"meets the thresholds; closest {closest['method']}: "
+                               f"meets the thresholds; closest {closest.method}: "
                                + "; ".join(why))
-            lines.append(f"{pair}: not confirmed on held-out tasks ({closest['method']}: "
+            lines.append(f"{pair}: not confirmed on held-out tasks ({closest.method}: "
                          + "; ".join(why) + ")")
         held_out["candidates"] = _candidates(judged)
         entry["held_out"] = held_out
@@ -207,8 +208,8 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _measured(row: dict) -> dict:
-    return {key: row.get(key) for key in MEASURED_KEYS}
+def _measured(row: ResultRow) -> dict:
+    return {key: getattr(row, key) for key in MEASURED_KEYS}
 
 
 class SupportFileError(ValueError):
