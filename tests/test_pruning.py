@@ -138,14 +138,42 @@ def test_scoring_a_ragged_pruned_state_is_exact_and_leaves_it_unchanged(composer
     lengths = [layer.keys.shape[2] for layer in first.state.cache.layers]
     assert len(set(lengths)) > 1
     answer = backend.tokenize(" rectangle as width")
-    logp = runner.forced_logprobs(backend, first.state, answer)
-    assert [layer.keys.shape[2] for layer in first.state.cache.layers] == lengths
-    assert first.state.length == again.state.length
-    assert torch.equal(runner.forced_logprobs(backend, first.state, answer), logp)
-    one_by_one = [torch.log_softmax(again.state.logits, -1)]
-    for token in answer[:-1]:
-        one_by_one.append(torch.log_softmax(backend.extend(again.state, [token])[-1], -1))
+    with pruning.ragged_attention():  # as while the runner scores a pruning result
+        logp = runner.forced_logprobs(backend, first.state, answer)
+        assert [layer.keys.shape[2] for layer in first.state.cache.layers] == lengths
+        assert first.state.length == again.state.length
+        assert torch.equal(runner.forced_logprobs(backend, first.state, answer), logp)
+        one_by_one = [torch.log_softmax(again.state.logits, -1)]
+        for token in answer[:-1]:
+            one_by_one.append(torch.log_softmax(backend.extend(again.state, [token])[-1], -1))
     assert (torch.stack(one_by_one) - logp).abs().max() < 1e-4
+
+
+def test_ragged_attention_is_on_only_while_pruning_runs(composer):
+    """transformers' attention table is the process's: pruning puts its SDPA back when done,
+    also when scoring one of its states fails."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def ours() -> bool:
+        return ALL_ATTENTION_FUNCTIONS["sdpa"].__module__ == pruning.__name__
+
+    before = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    assert not ours()  # kvpress is loaded (this module's import)
+    results = pruning.run(composer, CONTEXT, QUERY, [kv("pyramidkv", 0.25), kv("snapkv", 0.5)])
+    next(results)
+    assert ours()  # while its states are scored
+    assert len(list(results)) == 1
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+
+    def scoring_fails():
+        raise RuntimeError("scoring failed")
+
+    task = workloads.Task("rag", "t0", "quote", CONTEXT, QUERY, " rectangle as width", "a")
+    with pytest.raises(RuntimeError) as failed:  # kept: its traceback holds the runner's frame
+        runner.run_task(composer, task, [pruning.Pruning([kv("snapkv", 0.5), kv("h2o", 0.5)])],
+                        on_method=scoring_fails)
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    assert str(failed.value) == "scoring failed"
 
 
 # -- anchor-preserving -----------------------------------------------------------------------

@@ -15,6 +15,7 @@ Pruning is query-agnostic, as in kvpress's pipeline: the query is not seen when 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import warnings
@@ -57,14 +58,13 @@ class Pruned:
 
 @functools.cache
 def load():
-    """kvpress, with SDPA taught about ragged caches; None when it is not installed."""
+    """kvpress; None when it is not installed."""
     try:
         with warnings.catch_warnings():  # its dependency fire imports the deprecated pipes
             warnings.simplefilter("ignore", DeprecationWarning)
             import kvpress
     except ImportError:
         return None
-    _install_ragged_attention()
     return kvpress
 
 
@@ -82,24 +82,31 @@ def unavailable(backend) -> str | None:
     return None
 
 
-def _install_ragged_attention() -> None:
-    """PyramidKV keeps a different number of entries per layer, but transformers builds one
+@contextlib.contextmanager
+def ragged_attention():
+    """SDPA taught about ragged caches, while the block runs (pruning and scoring its states).
+
+    PyramidKV keeps a different number of entries per layer, but transformers builds one
     causal mask for all layers (from layer 0's length). Where the mask's width is not the
     layer's key count, the new tokens are the layer's last keys: rebuild the mask as causal
-    from the bottom right. Nothing else changes (masks fit every other cache)."""
+    from the bottom right. Nothing else changes (masks fit every other cache). transformers'
+    attention table belongs to the whole process, so the original is put back on the way out,
+    also on an error.
+    """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    if getattr(sdpa, "codekv_ragged", False):
-        return
 
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         if attention_mask is not None and attention_mask.shape[-1] != key.shape[-2]:
             attention_mask = _tail_causal_mask(query.shape[-2], key.shape[-2], attention_mask)
         return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
 
-    attention.codekv_ragged = True
     ALL_ATTENTION_FUNCTIONS["sdpa"] = attention
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
 
 
 def _tail_causal_mask(q: int, k: int, like: torch.Tensor) -> torch.Tensor:
@@ -245,7 +252,9 @@ class Pruning:
 def run(composer, chunks: list, query: str, methods: list[Method]) -> Iterator:
     """Each method (``.strategy`` a rule name, ``.ratio`` the share of KV kept) on the request
     ``chunks + query``, tokenized exactly as ``Composer.full_prefill`` does; yields
-    ``(method, Pruned)``. Methods needing anchors are left out for requests without any."""
+    ``(method, Pruned)``. Methods needing anchors are left out for requests without any.
+    A state yielded here is scored before the next is asked for: ragged attention is on until
+    the generator finishes or is closed."""
     kvpress = load()
     t0 = time.perf_counter()
     request = composer.build_request(chunks, query)
@@ -265,4 +274,6 @@ def run(composer, chunks: list, query: str, methods: list[Method]) -> Iterator:
         if rule.needs_attention:
             attention.add(method)
     if presses:
-        yield from prune(composer.backend, context_ids, query_ids, presses, attention, extra)
+        with ragged_attention():  # while the caller scores each state too
+            yield from prune(composer.backend, context_ids, query_ids, presses, attention,
+                             extra)

@@ -27,10 +27,11 @@ order already moves.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,7 +65,8 @@ class MethodRunner(Protocol):
         """Requests per task of ``workload`` (for the progress total)."""
 
     def results(self, composer: Composer, task: Task, prefix: str | None = None
-                ) -> Iterator[tuple[Method, object]]: ...
+                ) -> Generator[tuple[Method, object], None, None]:
+        """Each method's result; a result is scored before the next is asked for."""
 
 
 @dataclass
@@ -81,7 +83,7 @@ class Composition:
         return len(self.methods)
 
     def results(self, composer: Composer, task: Task, prefix: str | None = None
-                ) -> Iterator[tuple[Method, object]]:
+                ) -> Generator[tuple[Method, object], None, None]:
         self.offline = {}
         for conditioning in dict.fromkeys(m.conditioning for m in self.methods):
             tokens, started = composer.counters.chunk_prefill_tokens, time.perf_counter()
@@ -106,7 +108,7 @@ class Reordered:
         return 1
 
     def results(self, composer: Composer, task: Task, prefix: str | None = None
-                ) -> Iterator[tuple[Method, object]]:
+                ) -> Generator[tuple[Method, object], None, None]:
         if len(task.context) < 2:
             return
         yield FULL_REORDERED, composer.full_prefill(reordered(task), task.query, prefix)
@@ -197,13 +199,15 @@ def run_task(composer: Composer, task: Task, runners: list[MethodRunner],
 
     measures = [scored(REFERENCE, full)]
     for runner in runners:
-        for method, result in runner.results(composer, task, prefix):
-            measure = scored(method, result)
-            measure.offline_prefill_s, measure.offline_tokens = getattr(
-                runner, "offline", {}).get(method.conditioning, (0.0, 0))
-            measures.append(measure)
-            if on_method is not None:
-                on_method()
+        # Closed on an error too: a runner may hold a setting for its results' scoring.
+        with contextlib.closing(runner.results(composer, task, prefix)) as results:
+            for method, result in results:
+                measure = scored(method, result)
+                measure.offline_prefill_s, measure.offline_tokens = getattr(
+                    runner, "offline", {}).get(method.conditioning, (0.0, 0))
+                measures.append(measure)
+                if on_method is not None:
+                    on_method()
     return measures
 
 
