@@ -69,3 +69,21 @@ def test_passage_variant_reuses_every_piece(runner):
     full = runner.backend.full_prefill([t for p in pieces for t in p] + query)
     # The second piece was warmed at position 0: without re-positioning, reuse is not exact.
     assert (result.state.logits - full.logits).abs().max().item() > 1e-3
+
+
+def test_the_engine_gets_its_own_split_back_also_after_an_error(runner):
+    own = runner.engine._split_tokens
+    with pytest.raises(RuntimeError, match="mid-request"):
+        with runner._splits([token_ids(10, 11)], "kvboost-passage"):
+            assert runner.engine._split_tokens != own
+            raise RuntimeError("mid-request")
+    assert runner.engine._split_tokens == own
+
+
+def test_the_adapter_refuses_another_kvboost_version(tiny_backend, monkeypatch):
+    """It drives kvboost's internals, which another version may have changed."""
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "version", lambda name: "0.9.1")
+    with pytest.raises(RuntimeError, match="kvboost 0.9.1 is installed; the adapter needs 0.9.0"):
+        peer.KVBoostRunner(tiny_backend("llama"))

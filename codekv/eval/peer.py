@@ -15,7 +15,8 @@ Two variants, both warmed per task with each piece alone, untimed, as the chunk 
   the method's ratio; it does not re-position keys (RoPE).
 
 Needs ``kvboost==0.9.0`` installed with ``--no-deps`` (its requirements would replace the pinned
-transformers); the steps used are kvboost internals, hence the exact pin.
+transformers); the steps used are kvboost internals, hence the exact pin. ``KVBoostRunner`` is
+the one adapter that touches them.
 """
 
 from __future__ import annotations
@@ -72,9 +73,18 @@ class Peers:
 
 
 class KVBoostRunner:
-    """One kvboost engine on the backend's model, reset for every task."""
+    """One kvboost engine on the backend's model, reset for every task.
+
+    The adapter to kvboost's internals, written against kvboost 0.9.0 (``KVBOOST_VERSION``;
+    ``available`` refuses any other version): its ``generate`` returns no request state, so
+    the steps it runs are called one by one. Every use of a private kvboost name is in the
+    methods under "kvboost 0.9.0 internals" below, and nowhere else in codekv.
+    """
 
     def __init__(self, backend):
+        reason = available()
+        if reason:
+            raise RuntimeError(reason)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its import warns about a deprecated torch API
             from kvboost import KVBoost
@@ -90,20 +100,14 @@ class KVBoostRunner:
         """The request state kvboost builds for ``pieces + query`` (all token ids)."""
         if variant not in PEERS:
             raise ValueError(f"unknown kvboost variant {variant!r}; one of {PEERS}")
-        engine = self.engine
-        engine.reset_cache()
+        self.engine.reset_cache()
         context_ids = [t for piece in pieces for t in piece]
         ids = context_ids + list(query_ids)
         with self._splits(pieces, variant):
             for piece in pieces:  # warm, untimed: each piece alone at position 0
-                engine._store_prompt_chunks(piece)
-            engine.cacheblend_recompute.recompute_ratio = ratio
+                self._warm(piece)
             started = time.perf_counter()
-            assembled = engine.assembler.assemble(ids, chunk_splits=engine._split_tokens(ids))
-            if len(assembled.chunk_boundaries) > 1:  # the branch of kvboost's generate
-                recompute = (engine.cacheblend_recompute if assembled.has_approximate
-                             else engine.selective_recompute)
-                assembled = recompute.apply(assembled, engine.model)
+            assembled = self._assemble(ids, ratio)
             state = self._live_prefill(ids, assembled)
             seconds = time.perf_counter() - started
         reused = assembled.cached_length
@@ -114,10 +118,27 @@ class KVBoostRunner:
         report.recompute_ratio = report.recomputed_tokens / max(1, len(context_ids))
         return ComposeResult(PEER, report, state, self.backend)
 
+    # -- kvboost 0.9.0 internals ---------------------------------------------------------------
+    def _warm(self, piece: list[int]) -> None:
+        """Cache ``piece``'s chunks as kvboost's ``warm`` does, from token ids."""
+        self.engine._store_prompt_chunks(piece)
+
+    def _assemble(self, ids: list[int], ratio: float):
+        """The cached KV kvboost assembles for ``ids``, repaired as its ``generate`` does."""
+        engine = self.engine
+        engine.cacheblend_recompute.recompute_ratio = ratio
+        assembled = engine.assembler.assemble(ids, chunk_splits=engine._split_tokens(ids))
+        if len(assembled.chunk_boundaries) > 1:  # the branch of kvboost's generate
+            recompute = (engine.cacheblend_recompute if assembled.has_approximate
+                         else engine.selective_recompute)
+            assembled = recompute.apply(assembled, engine.model)
+        return assembled
+
     @contextlib.contextmanager
     def _splits(self, pieces: list[list[int]], variant: str):
         """``kvboost-passage``: kvboost splits the request at the pieces, and a piece alone
-        into itself; ``kvboost`` keeps its own fixed windows."""
+        into itself; ``kvboost`` keeps its own fixed windows. The engine's own split is put
+        back on the way out, also on an error."""
         if variant == "kvboost":
             yield
             return
