@@ -373,10 +373,12 @@ def _check(composer, result, chunks, query, prefix) -> dict:
     the KL of the same tokens decoded in the composed request's batches without composition;
     ``within_floor`` says whether composition stayed within it.
     """
+    from codekv.divergence import logits_kl
+
     full = composer.full_prefill(chunks, query, prefix=prefix)
     full_logits, composed_logits = full.next_token_logits(), result.next_token_logits()
     check = {
-        "kl": _kl(full_logits, composed_logits),
+        "kl": logits_kl(full_logits, composed_logits),
         "max_logit_diff": float((full_logits - composed_logits).abs().max()),
         "top1_agree": bool(full_logits.argmax() == composed_logits.argmax()),
         "full_prefill_s": full.report.ttft_s,
@@ -385,7 +387,7 @@ def _check(composer, result, chunks, query, prefix) -> dict:
     same_batches = (composer.backend.batch_floor(result.state)
                     if result.status != "full-prefill" else None)
     if same_batches is not None:
-        check["batch_floor_kl"] = _kl(full_logits, same_batches.logits)
+        check["batch_floor_kl"] = logits_kl(full_logits, same_batches.logits)
         check["within_floor"] = check["kl"] <= check["batch_floor_kl"] + FLOOR_SLACK
     return check
 
@@ -393,14 +395,6 @@ def _check(composer, result, chunks, query, prefix) -> dict:
 # KL allowed above the measured batch floor: the composed cells sit elsewhere in llama.cpp's
 # cache than the same-batch decode's, which changes summation order, nothing else.
 FLOOR_SLACK = 1e-4
-
-
-def _kl(reference_logits, logits) -> float:
-    import torch
-
-    reference = torch.log_softmax(reference_logits.double(), -1)
-    other = torch.log_softmax(logits.double(), -1)
-    return float((reference.exp() * (reference - other)).sum())
 
 
 @main.command()

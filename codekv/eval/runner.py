@@ -38,6 +38,7 @@ from typing import Protocol
 import torch
 
 from codekv.compose import Composer
+from codekv.divergence import kl_divergence
 from codekv.eval.measures import Measure
 from codekv.eval.methods import FULL_REORDERED, REFERENCE, Method
 from codekv.eval.scores import score
@@ -175,11 +176,6 @@ def greedy(backend, state, n: int) -> list[int]:
     return out
 
 
-def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference || other) per row, from log-probabilities."""
-    return (reference.exp() * (reference - other)).sum(-1).clamp_min(0.0)
-
-
 def run_task(composer: Composer, task: Task, runners: list[MethodRunner],
              greedy_tokens: int = 8, on_method: Callable[[], None] | None = None,
              prefix: str | None = None) -> list[Measure]:
@@ -243,7 +239,7 @@ def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Me
     logp = forced_logprobs(backend, result.state, ref.answer_ids)
     top1 = forced_logprobs(backend, result.state, ref.greedy_ids).argmax(-1)
     nll = _nll(logp, ref.answer_ids)
-    kl = _kl(ref.answer_logp, logp)
+    kl = kl_divergence(ref.answer_logp, logp)
     agree = top1[: ref.greedy_tokens] == torch.tensor(ref.greedy_ids[: ref.greedy_tokens])
     decisive = ref.decisive[: len(agree)]
     answer_ids = greedy_answer(backend, result.state, ref, top1)[: ref.answer_length]
