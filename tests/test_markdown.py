@@ -1,0 +1,45 @@
+"""The Markdown tables of docs/results.md, from a run's JSON or an unfinished run's checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import fake_measure
+
+from codekv.eval import markdown
+from codekv.eval.results import aggregate
+
+
+def test_markdown_splits_code_qa_by_repository_and_shows_conditioning_costs():
+    measures = [fake_measure(method, delta, 1.0, workload="code-qa", task=task)
+                for method, deltas in (("full", (0, 0, 0, 0)),
+                                       ("query@0.15", (0.1, -0.1, 0.4, 0.2)),
+                                       ("query+graph@0.15", (0.0, 0.1, 0.2, 0.2)))
+                for task, delta in zip("abcd", deltas)]
+    for m in measures:
+        m.offline_prefill_s, m.offline_tokens = (2.0, 900) if "graph" in m.method else (1.0, 500)
+    tasks = [{"id": task, "repo": "stdlib" if task in "ab" else "package:rich"} for task in "abcd"]
+    data = {"results": [row.as_json() for row in aggregate(measures)], "tasks": tasks,
+            "measures": [m.as_json() for m in measures]}
+    by_repo = markdown.repository_tables(data)
+    assert "| stdlib | query@0.15 | 2 | +0.000 [-0.100, +0.100] | 0.100 [0.100, 0.100] |" in by_repo
+    assert "| package:rich | query+graph@0.15 | 2 | +0.200 [+0.200, +0.200] |" in by_repo
+    assert "| code-qa | query+graph@0.15 | graph |" in markdown.conditioning_table(data)
+    assert "| 2.00 | 900 |" in markdown.conditioning_table(data)
+    one_repo = dict(data, tasks=[dict(t, repo="stdlib") for t in tasks])
+    assert markdown.repository_tables(one_repo) == ""
+    prefix_only = [r for r in data["results"] if r["conditioning"] == "prefix"]
+    assert markdown.conditioning_table(dict(data, results=prefix_only)) == ""
+
+
+def test_markdown_reads_an_unfinished_runs_checkpoint(tmp_path):
+    from codekv.eval.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(tmp_path / "run.jsonl", {"tasks": 100})
+    for task, delta in (("stdlib/code-qa-0-0", 0.1), ("rich/code-qa-0-1", -0.3)):
+        checkpoint.add(task, [fake_measure("full", 0.0, 4.0, "code-qa", task),
+                              fake_measure("query@0.15", delta, 1.0, "code-qa", task)])
+    data = markdown.from_checkpoint(str(tmp_path / "run.jsonl"))
+    assert data["command"].startswith("the 2 finished tasks of a checkpoint")
+    [query] = [r for r in data["results"] if r["method"] == "query@0.15"]
+    assert query["tasks"] == 2 and query["delta_nll"] == pytest.approx(-0.1)
+    assert "| rich | query@0.15 | 1 | -0.300 |" in markdown.repository_tables(data)

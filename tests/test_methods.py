@@ -1,0 +1,60 @@
+"""The evaluated methods: ratios only where they mean something, strategies from the
+selection registry, each crossed with every conditioning."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from codekv.conditioning import CONDITIONINGS
+from codekv.eval import command, methods
+from codekv.selection import STRATEGIES
+
+
+def test_methods_use_ratios_only_where_they_mean_something():
+    composed = methods.composition_methods(("none", "boundary", "hybrid"), (0.0, 0.1, 0.25))
+    labels = [m.label for m in composed]
+    assert labels == ["none", "boundary@0.1", "boundary@0.25", "hybrid@0.1", "hybrid@0.25"]
+    pruned = methods.pruning_methods(("snapkv", "h2o"), (0.25, 0.5))
+    assert [m.label for m in pruned] == ["snapkv@kv0.25", "snapkv@kv0.5", "h2o@kv0.25",
+                                         "h2o@kv0.5"]
+    assert [m.label for m in methods.peer_methods(ratio=0.2)] == ["kvboost@0.2",
+                                                                  "kvboost-passage@0.2"]
+
+
+def test_a_strategy_may_name_its_own_ratio():
+    """``NAME@RATIO`` runs that rule at that ratio only, beside the grid of the others."""
+    composed = methods.composition_methods(("boundary", "query@0.25", "none@0.3"), (0.1, 0.15))
+    assert [m.label for m in composed] == ["boundary@0.1", "boundary@0.15", "query@0.25",
+                                           "none"]
+    assert command._strategies("query@0.25,boundary") == ("query@0.25", "boundary")
+    for bad, message in (("query@x", "numbers"), ("query@1.5", "between 0 and 1"),
+                         ("query@0", "above 0"), ("all@0.2", "unknown strategies"),
+                         (",", "unknown strategies")):
+        with pytest.raises(click.BadParameter, match=message):
+            command._strategies(bad)
+
+
+def test_evaluated_strategies_come_from_the_selection_registry():
+    """Every registered strategy is evaluated except the one that is full prefill at a
+    higher cost; the gate may pick all of those but the baseline without re-positioning."""
+    assert set(methods.STRATEGIES) == set(STRATEGIES) - {"all"}
+    assert set(methods.GATE_STRATEGIES) == set(STRATEGIES) - {"all", "none-norope"}
+    assert {m.strategy for m in methods.composition_methods()} == set(methods.STRATEGIES)
+    assert command._names("none,hybrid") == ("none", "hybrid")
+    with pytest.raises(click.BadParameter, match="unknown strategies"):
+        command._names("none,all")
+
+
+def test_conditioning_crosses_every_strategy():
+    from codekv.eval.harness import EvalConfig
+
+    composed = methods.composition_methods(("none", "query@0.15"), (0.1,), ("prefix", "graph"))
+    assert [m.label for m in composed] == ["none", "query@0.15", "none+graph",
+                                           "query+graph@0.15"]
+    assert command._names("graph,none", CONDITIONINGS, "conditionings") == ("graph", "none")
+    with pytest.raises(click.BadParameter, match="unknown conditionings"):
+        command._names("neighbours", CONDITIONINGS, "conditionings")
+    assert "--conditioning" not in command.canonical_command(EvalConfig())
+    assert "--conditioning prefix,graph " in command.canonical_command(
+        EvalConfig(conditioning=("prefix", "graph")))

@@ -1,0 +1,238 @@
+"""The gate's verdicts follow the thresholds on intervals, a support file keeps other
+workloads' entries of the same model, and held-out tasks confirm or refuse a pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+from conftest import COVERS, HAND, evidence_document, fake_measure, fake_row, in_time, indexed
+
+from codekv.cli import main
+from codekv.compose import Passage
+from codekv.eval import workloads
+from codekv.eval.measures import ResultRow
+from codekv.eval.results import aggregate
+from codekv.eval.support import (
+    SupportFileError,
+    Thresholds,
+    confirm_entries,
+    coverage,
+    failures,
+    gate_entries,
+    read_support_document,
+    support_document,
+    write_json,
+)
+from codekv.gate import SupportGate
+
+
+@pytest.fixture(autouse=True)
+def _bytes(byte_counter):
+    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+
+
+def test_thresholds_each_fail_a_row():
+    t = Thresholds()
+    assert failures(fake_row("hybrid@0.15", delta=0.03, agreement=0.95, speedup=2.0, drop=0.5),
+                    t) == []
+    # The interval's upper end decides: a mean of 0.031 is not within 0.05 at +-0.02.
+    assert failures(fake_row("hybrid@0.15", delta=0.031), t) == ["delta NLL CI high 0.051 > 0.05"]
+    assert failures(fake_row("hybrid@0.15", delta=-0.5), t) == []  # better than full prefill
+    assert failures(fake_row("hybrid@0.15", drop=0.6), t) == ["score drop CI high 1.10 > 1.0"]
+    assert failures(fake_row("hybrid@0.15", agreement=0.949), t) == [
+        "decisive agreement 0.949 < 0.95"]
+    assert failures(fake_row("hybrid@0.15", speedup=1.99), t) == ["speedup 1.99x < 2.0x"]
+    assert failures(fake_row("hybrid@0.15", tasks=99), t) == ["only 99 tasks (need 100)"]
+    assert failures(fake_row("hybrid@0.15", fallbacks=1), t) == [
+        "1 requests fell back to full prefill"]
+    no_intervals = dataclasses.replace(fake_row("hybrid@0.15"), delta_nll_ci=None,
+                                       score_drop_ci=None, decisive_agreement=None)
+    assert failures(no_intervals, t) == ["delta NLL CI high inf > 0.05",
+                                         "score drop CI high inf > 1.0",
+                                         "decisive agreement n/a < 0.95"]
+
+
+def test_gate_picks_the_cheapest_passing_strategy():
+    rows = [
+        fake_row("full", speedup=1.0, recompute=1.0),
+        fake_row("none-norope", delta=0.0),  # a baseline: never a candidate, even when it "passes"
+        fake_row("none", delta=0.3, agreement=0.7, speedup=9.0),
+        fake_row("boundary@0.05", agreement=0.9),
+        fake_row("boundary@0.15", delta=0.01),
+        fake_row("hybrid@0.1", delta=0.03, speedup=2.5),
+        fake_row("anchors@0.25", delta=0.0),
+    ]
+    [entry] = gate_entries(rows, "llama")
+    assert entry["passed"] is True
+    assert (entry["strategy"], entry["ratio"], entry["method"]) == ("hybrid", 0.1, "hybrid@0.1")
+    assert entry["conditioning"] == "prefix"
+    assert entry["measured"]["delta_nll"] == 0.03
+    assert entry["thresholds"]["min_decisive_agreement"] == 0.95
+    assert [c["method"] for c in entry["candidates"]] == [
+        "none", "boundary@0.05", "boundary@0.15", "hybrid@0.1", "anchors@0.25"]
+
+
+def test_gate_without_a_passing_strategy_says_why_and_the_gate_refuses(tmp_path):
+    rows = [
+        fake_row("none", delta=0.3, workload="rag"),
+        fake_row("boundary@0.15", delta=0.08, workload="rag"),
+        fake_row("hybrid@0.15", delta=0.02, speedup=1.5, workload="rag"),
+        fake_row("hybrid@0.15", delta=0.01, workload="tool-docs"),
+    ]
+    rag, tools = gate_entries(rows, "llama")
+    assert rag["passed"] is False and rag["strategy"] is None
+    assert rag["closest"] == "hybrid@0.15"
+    assert "speedup 1.50x < 2.0x" in rag["reason"]
+    assert tools["passed"] is True
+    path = tmp_path / "support.json"
+    write_json(path, support_document([rag, tools], "codekv eval ...", {"family": "llama"}, {}))
+    gate = SupportGate.load(path)
+    assert "not confirmed on held-out tasks" in gate.verdict("llama", "tool-docs").reason
+    assert gate.verdict("llama", "rag").reason == "unsupported: llama/rag failed its evaluation"
+    assert not gate.verdict("llama", "code-qa").allowed  # never evaluated: no evidence
+    assert not gate.verdict("gemma3", "tool-docs").allowed
+    [graph] = gate_entries([fake_row("hybrid+graph@0.05")], "llama")
+    assert (graph["method"], graph["strategy"], graph["conditioning"]) == (
+        "hybrid+graph@0.05", "hybrid", "graph")
+
+
+def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path):
+    """Workloads evaluated by separate runs share one support file; each entry names its own
+    command, a re-evaluated pair is replaced, and another model's entries are never mixed in."""
+    model = {"family": "llama", "fingerprint": "m1"}
+    code, rag = gate_entries([fake_row("hybrid@0.15", delta=0.01, workload="code-qa"),
+                              fake_row("none", delta=0.3, workload="rag")], "llama")
+    path = tmp_path / "support.json"
+    write_json(path, support_document([code, rag], "codekv eval --workload code-qa --workload "
+                                      "rag", model, {}))
+    [rag_again] = gate_entries([fake_row("hybrid@0.15", delta=0.01, workload="rag")], "llama")
+    merged = support_document([rag_again], "codekv eval --workload rag", model, {},
+                              read_support_document(path))
+    by_workload = {entry["workload"]: entry for entry in merged["entries"]}
+    assert set(by_workload) == {"code-qa", "rag"} and len(merged["entries"]) == 2
+    assert by_workload["code-qa"]["generated_by"] == ("codekv eval --workload code-qa "
+                                                      "--workload rag")
+    assert by_workload["rag"]["generated_by"] == "codekv eval --workload rag"
+    assert by_workload["rag"]["passed"] is True  # the new run's verdict, not the old one
+    write_json(path, merged)
+    assert "passed its evaluation" in SupportGate.load(path).verdict("llama", "code-qa").reason
+    other = support_document([rag_again], "codekv eval", {"family": "llama",
+                                                          "fingerprint": "m2"}, {},
+                             read_support_document(path))
+    assert [entry["workload"] for entry in other["entries"]] == ["rag"]
+
+
+HELD_OUT = {"command": "codekv eval --repo package:click ...", "engine": "transformers",
+            "repos": ["package:click"], "seed": 0, "seconds": 1.0, "machine": {},
+            "covers": COVERS}
+
+
+def test_coverage_is_what_the_composed_tasks_measured(git_repo):
+    """The model, the languages of the code in the contexts, and the shortest and longest
+    context of each workload's composed tasks (references and baselines do not count)."""
+    chunks = indexed(git_repo, {**HAND, "main.go": "package main\n\nfunc main() {\n}\n"}).chunks()
+    go = [c for c in chunks if c.language == "go"]
+    tasks = [workloads.Task("code-qa", "a", "completion", chunks, "", "", ""),
+             workloads.Task("rag", "b", "quote", [Passage("text", "p")], "", "", "")]
+    measures = [fake_measure("query@0.15", 0.0, 1.0, "code-qa", task="a"),
+                fake_measure("none", 0.0, 1.0, "code-qa", task="a"),
+                fake_measure("full", 0.0, 1.0, "code-qa", task="a"),
+                fake_measure("query@0.15", 0.0, 1.0, "rag", task="b")]
+    measures[1].context_tokens, measures[2].context_tokens = 1500, 4000
+    assert go and {c.language for c in chunks} == {"go", "python"}
+    model = {"fingerprint": "f1", "name": "a model", "family": "llama"}
+    covers = coverage(measures, tasks, model)
+    assert covers == {
+        "code-qa": {"models": [{"fingerprint": "f1", "name": "a model"}],
+                    "languages": ["go", "python"], "context_tokens": {"min": 900, "max": 1500},
+                    "source": "measured: the run's composed tasks"},
+        "rag": {"models": [{"fingerprint": "f1", "name": "a model"}], "languages": None,
+                "context_tokens": {"min": 900, "max": 900},
+                "source": "measured: the run's composed tasks"}}
+    entries = [{**entry, "covers": covers[entry["workload"]]}
+               for entry in gate_entries(aggregate(measures), "llama", model="f1")]
+    assert SupportGate(entries, "t").problems == [[], []]  # the gate reads what eval writes
+
+
+def test_held_out_tasks_confirm_the_cheapest_strategy_that_passes_them_too():
+    """query-cost passed the evidence and is cheaper, but misses a bound on held-out tasks;
+    query passed both, so it becomes the rule (the decision session 6 made by hand)."""
+    document = evidence_document([fake_row("query-cost@0.15", recompute=0.13),
+                          fake_row("query@0.15", delta=0.01), fake_row("boundary@0.15", delta=0.2)])
+    [entry] = document["entries"]
+    assert entry["method"] == "query-cost@0.15"
+    assert entry["candidates"][1]["measured"]["delta_nll"] == 0.01  # kept for every candidate
+    held_out = [fake_row("query-cost@0.15", recompute=0.13, drop=0.7), fake_row("query@0.15"),
+                fake_row("boundary@0.15")]  # boundary "passes" here, but failed its evidence
+    lines = confirm_entries(document, held_out, "llama", HELD_OUT)
+    assert lines == ["llama/code-qa: confirmed on held-out tasks with query@0.15"]
+    assert (entry["strategy"], entry["ratio"], entry["method"]) == ("query", 0.15, "query@0.15")
+    assert entry["measured"]["delta_nll"] == 0.01  # the evidence run's, for the chosen rule
+    block = entry["held_out"]
+    assert block["passed"] is True and block["method"] == "query@0.15"
+    assert block["generated_by"] == HELD_OUT["command"] and block["repos"] == ["package:click"]
+    assert [(c["method"], c["passed"]) for c in block["candidates"]] == [
+        ("query-cost@0.15", False), ("query@0.15", True)]
+    assert block["candidates"][0]["failures"] == ["score drop CI high 1.20 > 1.0"]
+    verdict = SupportGate(document["entries"], "t").verdict("llama", "code-qa")
+    assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("query", 0.15)
+
+
+def test_held_out_tasks_that_no_candidate_passes_leave_the_pair_unsupported():
+    document = evidence_document([fake_row("query@0.15"),
+                                  fake_row("none", delta=0.3, workload="rag")])
+    code, rag = document["entries"]
+    assert confirm_entries(document, [fake_row("query@0.15", delta=0.04)], "llama", HELD_OUT) == [
+        "llama/code-qa: not confirmed on held-out tasks (query@0.15: delta NLL CI high 0.060 "
+        "> 0.05)"]
+    assert code["passed"] is True and code["held_out"]["passed"] is False
+    assert code["held_out"]["closest"] == "query@0.15"
+    assert "on held-out tasks no strategy meets the thresholds" in code["reason"]
+    gate = SupportGate(document["entries"], "t")
+    assert gate.verdict("llama", "code-qa").reason == (
+        "unsupported: llama/code-qa failed on held-out tasks")
+    assert "held_out" not in rag  # failed its evidence: nothing to confirm
+    # Another family's or engine's rows confirm nothing.
+    before = json.dumps(document)
+    assert confirm_entries(document, [fake_row("query@0.15")], "gemma3", HELD_OUT) == []
+    assert confirm_entries(document, [fake_row("query@0.15")], "llama",
+                           HELD_OUT | {"engine": "llama.cpp"}) == []
+    assert json.dumps(document) == before
+
+
+def test_write_gate_refuses_to_replace_a_file_that_is_not_a_support_file(tmp_path):
+    assert read_support_document(tmp_path / "absent.json") is None
+    notes = tmp_path / "notes.json"
+    for text in ("not json", '{"entries": "x"}', "[]"):
+        notes.write_text(text)
+        with pytest.raises(SupportFileError, match="move it away"):
+            read_support_document(notes)
+    result = CliRunner().invoke(main, ["eval", "--quick", "--write-gate", str(notes)])
+    assert result.exit_code != 0 and "not a codekv support file" in result.output
+    assert notes.read_text() == "[]"  # untouched, and refused before any model loads
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(SupportFileError, match="not a regular file .* move it away"):
+        in_time(lambda: read_support_document(fifo))
+
+
+def test_shipped_support_file_is_a_generated_document():
+    gate = SupportGate.load()
+    assert gate.source == "codekv/data/support.json"
+    from importlib import resources
+
+    data = json.loads(resources.files("codekv").joinpath("data", "support.json").read_text())
+    assert data["generated_by"].startswith("codekv eval")
+    for entry in data["entries"]:
+        # older files stamp the command once, for every entry
+        assert entry.get("generated_by", data["generated_by"]).startswith("codekv eval")
+        assert set(entry) >= {"family", "workload", "passed", "strategy", "ratio", "thresholds",
+                              "measured", "reason"}
+        measured = ResultRow.from_json(entry["measured"] | {"fallbacks": 0})
+        expected = not failures(measured, Thresholds(**entry["thresholds"])) if entry[
+            "passed"] else False
+        assert entry["passed"] == expected
