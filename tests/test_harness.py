@@ -49,3 +49,39 @@ def test_baselines_without_a_system_prompt_are_skipped_with_one(tiny_backend):
     kinds = _runners(EvalConfig(pruning=("snapkv",), peers=()), tiny_backend("llama"), [], notes)
     assert [type(r).__name__ for r in kinds] == ["Composition", "Reordered"]
     assert "--prefix none" in notes[0]
+
+
+def test_a_context_past_the_models_positions_is_refused_before_any_prefill(tiny_backend,
+                                                                           monkeypatch):
+    """The positions a model's files declare may be unreadable: the check after loading
+    counts the system prompt too."""
+    from codekv.eval.harness import AGENT_PROMPT, EvalConfig, evaluate
+    from codekv.eval.preflight import EvalOptionError
+
+    backend = tiny_backend("llama")  # 256 positions
+
+    def prefill(*args, **kwargs):
+        raise AssertionError("prefill ran")
+
+    monkeypatch.setattr(backend, "full_prefill", prefill)
+    prompt = len(backend.tokenize(AGENT_PROMPT))
+    config = EvalConfig(workloads=("rag",), tasks=1, context_tokens=200, max_query_tokens=16)
+    with pytest.raises(EvalOptionError) as refused:
+        evaluate(config, backend)
+    assert str(refused.value) == (
+        f"--context-tokens 200 is too long for the model: a request adds a {prompt}-token "
+        "system prompt, a query of up to 16 tokens and an answer of up to 32, and the model "
+        f"has 256 positions; expected --context-tokens of at most {256 - prompt - 16 - 32}")
+
+
+def test_a_workload_without_any_task_is_refused(tiny_backend, monkeypatch):
+    """No passage fits half of a 40-token context: nothing would be measured."""
+    from codekv.eval.harness import EvalConfig, evaluate
+    from codekv.eval.preflight import EvalOptionError
+
+    backend = tiny_backend("llama")
+    config = EvalConfig(workloads=("rag",), tasks=2, context_tokens=40, max_query_tokens=16,
+                        prefix="")
+    with pytest.raises(EvalOptionError, match="^rag: no task could be made with "
+                                              "--context-tokens 40; expected"):
+        evaluate(config, backend)

@@ -43,3 +43,10 @@ def test_markdown_reads_an_unfinished_runs_checkpoint(tmp_path):
     [query] = [r for r in data["results"] if r["method"] == "query@0.15"]
     assert query["tasks"] == 2 and query["delta_nll"] == pytest.approx(-0.1)
     assert "| rich | query@0.15 | 1 | -0.300 |" in markdown.repository_tables(data)
+
+
+def test_markdown_refuses_a_damaged_checkpoint(tmp_path, capsys):
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"config": {}}\nnot a record\n{"task": "t1", "measures": []}\n')
+    assert markdown.main(["markdown", "--checkpoint", str(path)]) == 1
+    assert "run.jsonl, line 2: not a finished task's record" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import PEERS, PRUNING_RULES, STRATEGIES, composition_methods
+from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.eval.registry import OTHER_REPOS, WORKLOADS
 
 
@@ -126,7 +127,8 @@ def canonical_command(config) -> str:
                    "in it: an interrupted run resumes.")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
               help="Workloads to run (default: all).")
-@click.option("--tasks", type=int, default=None, help="Tasks per workload [12; --quick 2].")
+@click.option("--tasks", type=click.IntRange(min=1), default=None,
+              help="Tasks per workload [12; --quick 2].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ratios", default=None,
               help="Recompute ratios, comma-separated [0,0.05,0.1,0.15,0.25; --quick 0.15].")
@@ -142,18 +144,18 @@ def canonical_command(config) -> str:
                    + ",".join(PRUNING_RULES) + "].")
 @click.option("--budgets", default=None,
               help="KV budgets for pruning: the share of context KV kept [0.25,0.5; --quick 0.5].")
-@click.option("--pruning-tasks", type=int, default=None,
+@click.option("--pruning-tasks", type=click.IntRange(min=0), default=None,
               help="Run pruning on the first N tasks of each workload (each costs a context "
                    "prefill) [4; --quick 2].")
 @click.option("--peers", default=None,
               help="The peer library's variants (kvboost), comma-separated, or 'none' ["
                    + ",".join(PEERS) + "].")
-@click.option("--peer-tasks", type=int, default=None,
+@click.option("--peer-tasks", type=click.IntRange(min=0), default=None,
               help="Run the peer library on the first N tasks of each workload [4; --quick 1].")
-@click.option("--throughput-tasks", type=int, default=None,
+@click.option("--throughput-tasks", type=click.IntRange(min=0), default=None,
               help="Requests of the agent session served per method for throughput "
                    "[12; --quick 3; 0 skips it].")
-@click.option("--context-tokens", type=int, default=None,
+@click.option("--context-tokens", type=click.IntRange(min=MIN_CONTEXT_TOKENS), default=None,
               help="Longest context; a task's is 1/2 to all of it [2048; --quick 512].")
 @click.option("--model", default=None, help="Local HF model directory or GGUF file.")
 @click.option("--backend", "engine", default=TRANSFORMERS, show_default=True,
@@ -176,7 +178,7 @@ def canonical_command(config) -> str:
 @click.option("--no-reorder", is_flag=True,
               help="Skip the full-reordered reference (full prefill of the chunks in another "
                    "order).")
-@click.option("--reuse-tasks", type=int, default=None,
+@click.option("--reuse-tasks", type=click.IntRange(min=0), default=None,
               help="Tasks per simulated agent session for the prefix-vs-composition reuse "
                    "estimate [20; --quick 8; 0 skips it].")
 @click.option("--store", type=StoreParam(shared=True), default=None,
@@ -189,9 +191,10 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
                  no_reorder, reuse_tasks, store):
     """Measure composition (and KV pruning baselines) against full prefill on generated
     workloads; write the gate file."""
+    from codekv.eval import checkpoint as checkpoints
     from codekv.eval import report
-    from codekv.eval.checkpoint import CheckpointMismatch
     from codekv.eval.harness import EvalConfig, evaluate
+    from codekv.eval.preflight import EvalOptionError, check_positions, declared_positions
     from codekv.eval.support import (
         SupportFileError,
         Thresholds,
@@ -226,12 +229,17 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
         raise click.UsageError("--write-gate records evidence and --confirm-gate checks it on "
                                "held-out tasks: one run does one of them")
     try:
+        # Before the model loads: what would fail after minutes, or measure nothing.
+        check_positions(config, declared_positions(config.model))
+        if checkpoint:  # one it could not resume from
+            checkpoints.verify(checkpoint, checkpoints.config_key(config.as_json()))
         if write_gate:
             read_support_document(write_gate)  # a file it would not replace: refuse now
         if confirm_gate:
-            _check_held_out(read_support_document(confirm_gate), config)
+            _check_held_out(read_support_document(confirm_gate, "--confirm-gate"), config)
         result = _run_with_progress(config, evaluate)
-    except (ModelLoadError, StoreSpecError, CheckpointMismatch, SupportFileError) as error:
+    except (ModelLoadError, StoreSpecError, checkpoints.CheckpointError, SupportFileError,
+            EvalOptionError) as error:
         raise click.ClickException(str(error)) from error
     notes = list(result.notes)
     covers = coverage(result.measures, result.tasks, result.model)
@@ -367,7 +375,7 @@ def _confirm(path: Path, result, config, command: str) -> list[str]:
         write_json,
     )
 
-    document = read_support_document(path)  # as it is now, not as it was before the run
+    document = read_support_document(path, "--confirm-gate")  # as it is now, not before
     _check_held_out(document, config)
     theirs = (document.get("model") or {}).get("fingerprint")
     if theirs != result.model.get("fingerprint"):

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from codekv.backends.engines import TRANSFORMERS
 from codekv.conditioning import DEFAULT_CONDITIONING
-from codekv.eval import methods, reuse, runner
+from codekv.eval import methods, preflight, reuse, runner
 from codekv.eval.measures import Measure, ResultRow
 from codekv.eval.registry import WORKLOADS
 from codekv.eval.repos import SECOND_REPO_PACKAGE
@@ -146,18 +146,19 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
     say = status or (lambda text: None)
     notes: list[str] = []
     own_backend = backend is None  # then throughput can load it again in child processes
-    if backend is None:
-        from codekv.models import load_backend
-
-        say("Loading the model")
-        backend = load_backend(config.model, engine=config.backend)
-
-    def count(text: str) -> int:
-        return len(backend.tokenize(text))
-
-    indexes = _indexes(config, say)
+    indexes = _indexes(config, say)  # first: a repository without tasks is refused sooner
     index = next(iter(indexes.values()), None)  # reuse and throughput: the first repository
     try:
+        if backend is None:
+            from codekv.models import load_backend
+
+            say("Loading the model")
+            backend = load_backend(config.model, engine=config.backend)
+
+        def count(text: str) -> int:
+            return len(backend.tokenize(text))
+
+        preflight.check_positions(config, backend.info.max_positions, count(config.prefix))
         say("Generating workloads")
         tasks = _tasks(config, indexes, count, notes)
         runners = _runners(config, backend, tasks, notes)
@@ -185,15 +186,38 @@ def _indexes(config: EvalConfig, say) -> dict:
     one)."""
     if not any(WORKLOADS[workload].needs_index for workload in config.workloads):
         return {}
+    indexes = {}
+    try:
+        for spec in config.repos:
+            indexes[spec] = _indexed(spec, say)
+    except BaseException:
+        for opened in indexes.values():
+            opened.close()
+        raise
+    return indexes
+
+
+def _indexed(spec: str, say):
+    """The repository ``spec`` indexed; refused when it cannot give code-qa tasks."""
+    from codekv.gitrepo import NotARepositoryError
     from codekv.index import Index
 
-    indexes = {}
-    for spec in config.repos:
+    try:
         path = resolve_repo(spec)
-        say(f"Indexing {path}")
-        indexes[spec] = Index(path)
-        indexes[spec].update()
-    return indexes
+    except ValueError as error:  # package:NAME of a package that is not installed
+        raise preflight.EvalOptionError(f"--repo {spec}: {error}; expected a path, 'stdlib', "
+                                        "'stdlib-quick' or 'package:NAME'") from error
+    say(f"Indexing {path}")
+    try:
+        index = Index(path)
+    except NotARepositoryError as error:
+        raise preflight.EvalOptionError(f"--repo {spec}: {error}; expected a git "
+                                        "repository") from error
+    if not sum(index.update().chunks.values()):
+        index.close()
+        raise preflight.EvalOptionError(f"--repo {spec}: {path} has no code codekv indexes "
+                                        "(0 chunks); expected a repository with source files")
+    return index
 
 
 def _tasks(config: EvalConfig, indexes: dict, count, notes: list[str]) -> list:
@@ -215,6 +239,7 @@ def _tasks(config: EvalConfig, indexes: dict, count, notes: list[str]) -> list:
         else:
             made = generate(workload, config.tasks, config.seed, config.context_tokens, count,
                             max_query_tokens=config.max_query_tokens)
+        preflight.check_tasks(config, workload, len(made))
         if len(made) < config.tasks:
             notes.append(f"{workload}: only {len(made)} of {config.tasks} tasks could be made")
         tasks.extend(made)
@@ -270,7 +295,7 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
     """Every scheduled method on every task, on a chunk store of its own, resuming from the
     checkpoint when there is one; also how many tasks the checkpoint already held."""
     from codekv.compose import Composer
-    from codekv.eval.checkpoint import Checkpoint
+    from codekv.eval.checkpoint import Checkpoint, config_key
     from codekv.stores import open_kv_store
 
     temporary = None if config.store else tempfile.mkdtemp(prefix="codekv-eval-kv-")
@@ -287,8 +312,7 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
 
         checkpoint = None
         if config.checkpoint:
-            key = {k: v for k, v in config.as_json().items() if k not in ("store", "checkpoint")}
-            checkpoint = Checkpoint(config.checkpoint, key)
+            checkpoint = Checkpoint(config.checkpoint, config_key(config.as_json()))
         total = runner.requests(tasks, runners)
         if progress is not None:
             progress("Evaluating", 0, total)

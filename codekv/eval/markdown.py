@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from codekv.eval.measures import Measure, ResultRow
+from codekv.eval import checkpoint
+from codekv.eval.measures import ResultRow
 from codekv.eval.report import ci, is_peer, is_pruning
 from codekv.eval.results import aggregate, comparisons, mean_ci
 
@@ -183,10 +184,10 @@ def gate_table(data: dict) -> str:
 
 def from_checkpoint(path: str) -> dict:
     """An unfinished run's finished tasks, shaped like ``codekv eval --json`` output."""
-    header, *tasks = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
-    measures = [Measure.from_json(m) for task in tasks for m in task["measures"]]
-    return {"command": f"the {len(tasks)} finished tasks of a checkpoint of a run with "
-                       f"configuration {json.dumps(header['config'], sort_keys=True)}",
+    contents = checkpoint.read(path)
+    measures = [m for done in contents.done.values() for m in done]
+    return {"command": f"the {len(contents.done)} finished tasks of a checkpoint of a run with "
+                       f"configuration {json.dumps(contents.config, sort_keys=True)}",
             "results": [r.as_json() for r in aggregate(measures)],
             "comparisons": comparisons(measures),
             "measures": [m.as_json() for m in measures], "gate": []}
@@ -194,7 +195,11 @@ def from_checkpoint(path: str) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv[1] == "--checkpoint":
-        data = from_checkpoint(argv[2])
+        try:
+            data = from_checkpoint(argv[2])
+        except checkpoint.CheckpointError as error:
+            print(f"codekv.eval.markdown: {error}", file=sys.stderr)
+            return 1
     else:
         data = json.loads(Path(argv[1]).read_text())
     print(f"Command: `{data['command']}`\n")

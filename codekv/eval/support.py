@@ -241,21 +241,25 @@ def support_document(entries: list[dict], command: str, model: dict, config: dic
     }
 
 
-def read_support_document(path: str | Path) -> dict | None:
+def read_support_document(path: str | Path, option: str = "--write-gate") -> dict | None:
     """The support file at ``path`` (None when there is none yet); raise SupportFileError when
-    it exists but is not one, so a run never replaces a file it cannot read."""
+    it exists but is not one, so a run never replaces (``--write-gate``) or judges
+    (``--confirm-gate``) a file it cannot read."""
     path = Path(path)
     if not path.exists():
         return None
+    advice = ("move it away or name another --write-gate file" if option == "--write-gate"
+              else "expected a support file written by codekv eval --write-gate")
     try:
         data = json.loads(read_support_text(path))
     except (UnreadableSupportFile, json.JSONDecodeError) as error:
-        raise SupportFileError(f"{path} exists and is not a readable support file ({error}); "
-                               "move it away or name another --write-gate file") from error
+        raise SupportFileError(f"{option} {path} is not a readable support file ({error}); "
+                               + advice) from error
     if not (isinstance(data, dict) and data.get("format") == 1
-            and isinstance(data.get("entries"), list)):
-        raise SupportFileError(f"{path} exists and is not a codekv support file (format 1); "
-                               "move it away or name another --write-gate file")
+            and isinstance(data.get("entries"), list)
+            and all(isinstance(entry, dict) for entry in data["entries"])):
+        raise SupportFileError(f"{option} {path} is not a codekv support file (format 1, a "
+                               "list of entries); " + advice)
     return data
 
 

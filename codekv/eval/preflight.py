@@ -1,0 +1,74 @@
+"""What an evaluation checks before it spends time: options that would run for minutes and
+then fail, or succeed with nothing measured, are refused first, each error naming the value
+and what is expected.
+
+Lengths are checked against the model's positions twice: before it loads, against the
+positions its files declare (a GGUF's ``context_length``, a Hugging Face ``config.json``'s
+``max_position_embeddings``), and right after it loads, before any prefill, with the system
+prompt's exact token count.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+# Below this, no workload's context holds a task (its chunks or passages would not fit).
+MIN_CONTEXT_TOKENS = 128
+
+
+class EvalOptionError(ValueError):
+    """An option the evaluation cannot run with; the message names it and what it expects."""
+
+
+def declared_positions(model: str | None) -> int | None:
+    """The positions ``model`` (a GGUF file or a Hugging Face directory; None: the default
+    model) declares, read from its files without loading it; None when they cannot be read
+    (the check after loading decides then)."""
+    from codekv.gguf_vocab import read_metadata
+    from codekv.tokens import default_gguf_path
+
+    path = Path(model) if model else default_gguf_path()
+    try:
+        if path is None:
+            return None
+        if path.is_dir():
+            config = json.loads((path / "config.json").read_text())
+            value = (config.get("text_config") or config).get("max_position_embeddings")
+        else:
+            arch = read_metadata(path, "general.architecture").get("general.architecture")
+            key = f"{arch}.context_length"
+            value = read_metadata(path, key).get(key)
+    except (OSError, ValueError, AttributeError, struct.error):  # loading will say why
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def check_positions(config, positions: int | None, prefix_tokens: int = 0) -> None:
+    """Refuse ``config.context_tokens`` when a request could run past the model's
+    ``positions``: system prompt + context + query + answer. Before the model loads, the
+    prompt is not counted yet (``prefix_tokens`` 0)."""
+    from codekv.eval.runner import ANSWER_TOKENS
+
+    if positions is None:
+        return
+    other = prefix_tokens + config.max_query_tokens + ANSWER_TOKENS
+    if config.context_tokens + other > positions:
+        prompt = f"a {prefix_tokens}-token system prompt, " if prefix_tokens else ""
+        raise EvalOptionError(
+            f"--context-tokens {config.context_tokens} is too long for the model: a request "
+            f"adds {prompt}a query of up to {config.max_query_tokens} tokens and an answer of "
+            f"up to {ANSWER_TOKENS}, and the model has {positions} positions; expected "
+            f"--context-tokens of at most {positions - other}")
+
+
+def check_tasks(config, workload: str, made: int) -> None:
+    """Refuse a workload that could make no task: nothing would be measured."""
+    if made or not config.tasks:
+        return
+    where = f" from {', '.join(config.repos)}" if workload == "code-qa" else ""
+    raise EvalOptionError(
+        f"{workload}: no task could be made{where} with --context-tokens "
+        f"{config.context_tokens}; expected material whose chunks fit half of the context "
+        "(a longer --context-tokens, or for code-qa a repository with code)")
