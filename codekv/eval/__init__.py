@@ -4,9 +4,10 @@ Workloads (``workloads``) are generated from a seed out of real material (a git 
 the Python documentation, standard-library tool help); the methods compared are registered by
 name (``methods``); every method runs on the same token sequences as full prefill (``runner``,
 one method runner per kind: composition, ``pruning``, ``peer``); rows aggregate the per-task
-measures (``results``); the gate's verdicts follow from thresholds (``support``); ``reuse``
-simulates how much prefill an exact prefix cache could reuse against chunk composition;
-``report`` prints and plots.
+measures (``results``; both are plain data in ``measures``, read without torch); the gate's
+verdicts follow from thresholds (``support``); ``reuse`` simulates how much prefill an exact
+prefix cache could reuse against chunk composition; ``report`` prints and plots; ``preflight``
+refuses, before the model loads, options that would fail late or measure nothing.
 
 The shipped ``codekv/data/support.json`` is the output of ``codekv eval --write-gate
 codekv/data/support.json`` on the default model; each entry's ``generated_by`` holds the exact

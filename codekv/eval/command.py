@@ -124,7 +124,8 @@ def canonical_command(config) -> str:
                    "[a one-sentence agent prompt].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path),
               help="Keep each finished task's measures in this file and skip the tasks already "
-                   "in it: an interrupted run resumes.")
+                   "in it: an interrupted run resumes. A file that is not such a checkpoint is "
+                   "refused and left as it is.")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
               help="Workloads to run (default: all).")
 @click.option("--tasks", type=click.IntRange(min=1), default=None,
