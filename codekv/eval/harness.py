@@ -198,7 +198,7 @@ def _indexes(config: EvalConfig, say) -> dict:
 
 
 def _indexed(spec: str, say):
-    """The repository ``spec`` indexed; refused when it cannot give code-qa tasks."""
+    """The repository ``spec`` indexed; refused when it cannot give tasks (no code)."""
     from codekv.gitrepo import NotARepositoryError
     from codekv.index import Index
 

@@ -65,10 +65,12 @@ def check_positions(config, positions: int | None, prefix_tokens: int = 0) -> No
 
 def check_tasks(config, workload: str, made: int) -> None:
     """Refuse a workload that could make no task: nothing would be measured."""
+    from codekv.eval.registry import WORKLOADS
+
     if made or not config.tasks:
         return
-    where = f" from {', '.join(config.repos)}" if workload == "code-qa" else ""
+    where = f" from {', '.join(config.repos)}" if WORKLOADS[workload].needs_index else ""
     raise EvalOptionError(
         f"{workload}: no task could be made{where} with --context-tokens "
         f"{config.context_tokens}; expected material whose chunks fit half of the context "
-        "(a longer --context-tokens, or for code-qa a repository with code)")
+        "(a longer --context-tokens, or another --repo)")
