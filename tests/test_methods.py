@@ -38,9 +38,9 @@ def test_a_strategy_may_name_its_own_ratio():
 def test_evaluated_strategies_come_from_the_selection_registry():
     """Every registered strategy is evaluated except the one that is full prefill at a
     higher cost; the gate may pick all of those but the baseline without re-positioning."""
-    assert set(methods.STRATEGIES) == set(STRATEGIES) - {"all"}
+    assert set(methods.PARTIAL_STRATEGIES) == set(STRATEGIES) - {"all"}
     assert set(methods.GATE_STRATEGIES) == set(STRATEGIES) - {"all", "none-norope"}
-    assert {m.strategy for m in methods.composition_methods()} == set(methods.STRATEGIES)
+    assert {m.strategy for m in methods.composition_methods()} == set(methods.PARTIAL_STRATEGIES)
     assert command._names("none,hybrid") == ("none", "hybrid")
     with pytest.raises(click.BadParameter, match="unknown strategies"):
         command._names("none,all")

@@ -49,7 +49,7 @@ class EvalConfig:
     workloads: tuple[str, ...] = field(default_factory=lambda: tuple(WORKLOADS))  # all
     tasks: int = 12  # per workload
     seed: int = 0
-    strategies: tuple[str, ...] = methods.STRATEGIES
+    strategies: tuple[str, ...] = methods.PARTIAL_STRATEGIES
     ratios: tuple[float, ...] = methods.RATIOS
     conditioning: tuple[str, ...] = (DEFAULT_CONDITIONING,)  # chunk KV computed after what
     context_tokens: int = 2048  # the longest context; each task's is 1/2..1 of it

@@ -36,10 +36,11 @@ from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.selection import STRATEGIES as SELECTION
 
 FULL = "full"  # the reference: full prefill of the same tokens
-STRATEGIES = tuple(name for name, cls in SELECTION.items() if not cls.recomputes_all)
+# The rules evaluated at recompute ratios: every selection rule but the one that recomputes all.
+PARTIAL_STRATEGIES = tuple(name for name, cls in SELECTION.items() if not cls.recomputes_all)
 # What a request may be composed with, so what the gate may pick: not the baseline that skips
 # re-positioning (it only shows the damage).
-GATE_STRATEGIES = tuple(name for name in STRATEGIES if SELECTION[name].reposition)
+GATE_STRATEGIES = tuple(name for name in PARTIAL_STRATEGIES if SELECTION[name].reposition)
 RATIOS = (0.0, 0.05, 0.10, 0.15, 0.25)
 BUDGETS = (0.25, 0.5)  # share of the context KV kept
 PEERS = ("kvboost", "kvboost-passage")
@@ -120,7 +121,7 @@ def split_entry(entry: str) -> tuple[str, float | None]:
     return name, float(ratio) if at else None
 
 
-def composition_methods(strategies=STRATEGIES, ratios=RATIOS,
+def composition_methods(strategies=PARTIAL_STRATEGIES, ratios=RATIOS,
                         conditionings=(DEFAULT_CONDITIONING,)) -> list[Method]:
     """Each strategy at each ratio where the ratio means something (none: only at 0); an
     entry ``NAME@RATIO`` at that ratio only, so an evidence run can skip a grid's corners.
