@@ -14,6 +14,11 @@ KV cache type by the model fingerprint. A request is built in sequence 0 of one 
   done in request order, so each sees the fresh KV of the runs before it;
 - the query is decoded at the end of sequence 0.
 
+Query-aware rules read the query's attention over the re-positioned chunks from a second
+context (the probe), whose eval callback reads the probe layers' softmax
+(``llamacpp_attention``): the chunk states are placed there in request order from an empty
+cache, so cell i holds position i, and the query is decoded after them.
+
 One context serves one request at a time: a request state stays usable until the backend
 starts the next request (or prefills a chunk); using it later is an error, never a silent
 answer from another request's KV. llama.cpp is exact for one batch shape only: with flash
@@ -35,6 +40,7 @@ import torch
 
 from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
 from codekv.backends.engines import LLAMA_CPP
+from codekv.backends.llamacpp_attention import AttentionReader
 from codekv.stores.entry import BadEntry, KVEntry
 from codekv.tokens import file_digest
 
@@ -43,10 +49,6 @@ REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a 
 DEVIATION_REFUSAL = (
     "llama.cpp keeps KV as an opaque per-sequence state: per-token KV deviation cannot be "
     "scored without reading K/V tensors"
-)
-RELEVANCE_REFUSAL = (
-    "llama.cpp does not expose attention weights: the query's attention over reused KV "
-    "cannot be scored"
 )
 UNSHIFTED_REFUSAL = (
     "llama.cpp needs consecutive positions: chunk KV that is not re-positioned cannot be "
@@ -108,7 +110,7 @@ class LlamaCppBackend:
     """Composition on one llama.cpp context over a GGUF model."""
 
     deviation_refusal = DEVIATION_REFUSAL
-    relevance_refusal = RELEVANCE_REFUSAL
+    relevance_refusal = None  # read through the eval callback of a probe context
     unshifted_refusal = UNSHIFTED_REFUSAL
 
     def __init__(self, gguf: str | Path, n_ctx: int | None = None, kv_type: str = "f16",
@@ -130,20 +132,13 @@ class LlamaCppBackend:
         self.n_ctx = min(n_ctx or trained, trained)
         self.n_batch = n_batch
         self.kv_type = kv_type
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
-        cparams.n_batch = cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 3  # request, chunk, run
-        cparams.kv_unified = True  # sequences share cells (seq_cp shares, never copies)
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
-        # Fixed, not "auto": the state layout (V transposed or not) depends on it.
-        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self._ctx = L.llama_init_from_model(self._model, cparams)
+        self._threads = threads
+        self._ctx = L.llama_init_from_model(self._model, self._context_params())
         if not self._ctx:
             L.llama_model_free(self._model)
             raise ValueError(f"llama.cpp cannot make a {self.n_ctx}-token context for {self.path}")
         self._mem = L.llama_get_memory(self._ctx)
+        self._probe_ctx = self._reader = None  # made by the first query_relevance
         self._batch = L.llama_batch_init(n_batch, 0, 1)
         self._ticket = 0  # bumped whenever sequence 0 is given to another request
         self._ends: frozenset[int] | None = None  # end-of-generation tokens, found on first use
@@ -166,9 +161,27 @@ class LlamaCppBackend:
         )
         self._identity = identity
 
+    def _context_params(self, reader: AttentionReader | None = None):
+        L = self._L
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 3  # request, chunk, run
+        cparams.kv_unified = True  # sequences share cells (seq_cp shares, never copies)
+        cparams.n_threads = cparams.n_threads_batch = self._threads
+        cparams.type_k = cparams.type_v = KV_TYPES[self.kv_type]
+        # Fixed, not "auto": the state layout (V transposed or not) depends on it, and with
+        # flash attention the probabilities are never materialised for the probe to read.
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        if reader is not None:
+            cparams.cb_eval = reader.callback
+        return cparams
+
     def close(self) -> None:
         L = self._L
         if getattr(self, "_ctx", None):
+            if self._probe_ctx:
+                L.llama_free(self._probe_ctx)
             L.llama_batch_free(self._batch)
             L.llama_free(self._ctx)
             L.llama_model_free(self._model)
@@ -299,11 +312,12 @@ class LlamaCppBackend:
             raise RuntimeError("this llama.cpp request state was replaced by a later request "
                                "on the same backend (one context holds one request)")
 
-    def _decode(self, token_ids: list[int], start: int, seq: int, logits: str = "last"
-                ) -> torch.Tensor | None:
+    def _decode(self, token_ids: list[int], start: int, seq: int, logits: str = "last",
+                ctx=None) -> torch.Tensor | None:
         """Decode tokens at positions ``start``.. of ``seq`` in batches of ``n_batch``;
-        logits of the last token (``"last"``), of every token (``"all"``) or none."""
-        L, batch = self._L, self._batch
+        logits of the last token (``"last"``), of every token (``"all"``) or none. In the
+        request context unless ``ctx`` (the probe's) is given."""
+        L, batch, ctx = self._L, self._batch, ctx or self._ctx
         if start + len(token_ids) > self.n_ctx:
             raise ValueError(f"positions up to {start + len(token_ids)} exceed the llama.cpp "
                              f"context of {self.n_ctx}")
@@ -319,7 +333,7 @@ class LlamaCppBackend:
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = logits == "all" or (logits == "last" and last_part
                                                       and i == len(part) - 1)
-            code = L.llama_decode(self._ctx, batch)
+            code = L.llama_decode(ctx, batch)
             if code != 0:
                 raise RuntimeError(f"llama_decode failed ({code}) at positions "
                                    f"{start + first}..{start + first + len(part) - 1}")
@@ -347,10 +361,10 @@ class LlamaCppBackend:
             raise RuntimeError(f"llama.cpp saved {written} of {size} bytes of sequence state")
         return SequenceState(data, n_tokens, saved_at, saved_at)
 
-    def _restore(self, kv: SequenceState, seq: int) -> None:
+    def _restore(self, kv: SequenceState, seq: int, ctx=None) -> None:
         data = np.ascontiguousarray(kv.data)
         read = self._L.llama_state_seq_set_data(
-            self._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.nbytes, seq)
+            ctx or self._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), data.nbytes, seq)
         if read != data.nbytes:
             raise RuntimeError("llama.cpp refused a chunk's sequence state (another build, "
                                "model or KV type?)")
@@ -410,8 +424,54 @@ class LlamaCppBackend:
     def kv_deviation(self, token_ids: list[int], context) -> torch.Tensor:
         raise UnsupportedModel(DEVIATION_REFUSAL)
 
-    def query_relevance(self, context, query_ids: list[int], layers) -> torch.Tensor:
-        raise UnsupportedModel(RELEVANCE_REFUSAL)
+    def query_relevance(self, context: list[SequenceState], query_ids: list[int],
+                        layers: tuple[int, ...]) -> torch.Tensor:
+        """Per context position, the attention the query pays it over the reused,
+        re-positioned context (what ``none`` would see): mean over query rows, heads and
+        ``layers``, as the transformers backend computes it. The query is decoded in the probe
+        context (a second KV cache the size of the request context, made on first use) with
+        its eval callback reading ``layers``' softmax; the request context is not touched."""
+        n, q = sum(part.n_tokens for part in context), len(query_ids)
+        if not q:
+            raise ValueError("query relevance needs query tokens")
+        if not 0 <= min(layers) <= max(layers) < self.info.n_layers:
+            raise ValueError(f"probe layers {layers} outside 0..{self.info.n_layers - 1}")
+        if n + q > self.n_ctx:
+            raise ValueError(f"request of {n + q} tokens exceeds the llama.cpp context of "
+                             f"{self.n_ctx}")
+        ctx, reader = self._probe()
+        mem = self._L.llama_get_memory(ctx)
+        # From an empty cache each restored state takes the next free cells in order, so cell
+        # i holds position i; the reader checks that layout in the mask before trusting it.
+        self._L.llama_memory_clear(mem, False)
+        self._place(context, ctx, mem)
+        reader.arm(layers, n)
+        try:
+            self._decode(list(query_ids), n, REQUEST, logits="none", ctx=ctx)
+        finally:
+            reader.disarm()
+        return reader.relevance(q)
+
+    def _probe(self):
+        """The probe context and its attention reader (the reader holds the callback)."""
+        if self._probe_ctx is None:
+            reader = AttentionReader(self._L)
+            ctx = self._L.llama_init_from_model(self._model, self._context_params(reader))
+            if not ctx:
+                raise RuntimeError(f"llama.cpp cannot make a {self.n_ctx}-token probe context")
+            self._probe_ctx, self._reader = ctx, reader
+        return self._probe_ctx, self._reader
+
+    def _place(self, context: list[SequenceState], ctx, mem) -> None:
+        """Each part's state restored in scratch sequence 1, shifted to its start and shared
+        into sequence 0 (the K-shift runs at the next decode)."""
+        L = self._L
+        for part in context:
+            self._restore(part, CHUNK, ctx)
+            if part.start != part.saved_at:
+                L.llama_memory_seq_add(mem, CHUNK, -1, -1, part.start - part.saved_at)
+            L.llama_memory_seq_cp(mem, CHUNK, REQUEST, -1, -1)
+            L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
     # -- requests ------------------------------------------------------------------------
     def full_prefill(self, token_ids: list[int]) -> LlamaRequest:
@@ -448,12 +508,7 @@ class LlamaCppBackend:
             selected.append(n - 1)  # its output is the next-token prediction
         ticket = self._take_context()
         cuts = [part.start for part in context]
-        for part in context:
-            self._restore(part, CHUNK)
-            if part.start != part.saved_at:
-                L.llama_memory_seq_add(mem, CHUNK, -1, -1, part.start - part.saved_at)
-            L.llama_memory_seq_cp(mem, CHUNK, REQUEST, -1, -1)
-            L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
+        self._place(context, self._ctx, mem)
         logits = None
         for first, end in _runs(selected):
             cuts += [first, end]
