@@ -37,8 +37,8 @@ EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill
 # ``compose(strategy=AUTO)``: the rule the support file records as passing for the workload.
 # Where none passed (the request then falls back, unless experimental), the default rule:
 # the best measured one the engine can run (docs/results.md: query has the lowest |dNLL| at
-# every ratio and workload; where an engine cannot score the query's attention, llama.cpp,
-# boundary, which anchors never beat).
+# every ratio and workload; where an engine cannot score the query's attention, boundary,
+# which anchors never beat).
 AUTO = "auto"
 DEFAULT_STRATEGIES, DEFAULT_RATIO = ("query", "boundary"), 0.15
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)

@@ -38,8 +38,7 @@ from codekv.selection import STRATEGIES as SELECTION
 
 # What a rule reads that an engine cannot give it: the engine's backend refuses these
 # (``deviation_refusal`` / ``relevance_refusal``; tests/test_gate.py checks they agree).
-UNSERVED_NEEDS = {LLAMA_CPP: {"needs_deviation": "per-token KV deviation",
-                              "needs_relevance": "the query's attention over reused KV"}}
+UNSERVED_NEEDS = {LLAMA_CPP: {"needs_deviation": "per-token KV deviation"}}
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
 SHIPPED = "codekv/data/support.json"

@@ -95,8 +95,8 @@ def _with(**changes) -> dict:
     (_with(strategy="deviation"), "method 'query@0.15' is not its rule 'deviation@0.15'"),
     (_with(backend="llama.cpp", strategy="deviation", method="deviation@0.15"),
      "strategy 'deviation' needs per-token KV deviation, which llama.cpp cannot give"),
-    (_with(backend="llama.cpp"),
-     "strategy 'query' needs the query's attention over reused KV, which llama.cpp cannot give"),
+    (_with(backend="llama.cpp", strategy="hybrid", method="hybrid@0.15"),
+     "strategy 'hybrid' needs per-token KV deviation, which llama.cpp cannot give"),
     (_with(measured={"kl": float("nan")}), "measured.kl NaN is not a finite number"),
     (_with(measured={"delta_nll_ci": [0.1]}), "measured.delta_nll_ci [0.1] is not a finite "
                                               "number or an interval of two"),
@@ -147,6 +147,16 @@ def test_entries_that_name_no_pair_are_listed_as_invalid():
     assert second["problems"] == ["backend \"vllm\" is not one of transformers, llama.cpp",
                                   "workload \"chat\" is not one of code-qa, rag, tool-docs"]
     assert third["supported"] is True  # one bad entry does not spoil the others
+
+
+def test_a_llama_cpp_entry_may_name_the_query_rule():
+    """llama.cpp reads the query's attention through its eval callback: query@0.15 evidence
+    measured there licenses it there (and only there)."""
+    gate = SupportGate([_with(backend="llama.cpp")], "t")
+    assert gate.problems == [[]]
+    verdict = gate.verdict("llama", "code-qa", "llama.cpp")
+    assert verdict.allowed and verdict.strategy == "query"
+    assert not gate.verdict("llama", "code-qa").allowed
 
 
 def test_what_an_engine_cannot_run_is_what_its_backend_refuses():
