@@ -1,7 +1,7 @@
 """Time to first token: composed chunk KV vs full prefill, on the default model and real code.
 
 Run: python benchmarks/bench_compose.py [--contexts 2048 4096] [--repeats 2]
-         [--backend transformers llama.cpp]
+         [--backend transformers llama.cpp] [--probe-cost]
 
 For each context length, chunks of the standard library (made into a git repository) are
 taken in a fixed order until the context holds that many tokens; a short question follows.
@@ -12,7 +12,9 @@ full prefill's attention work they do (late rows attend to more keys), KL vs ful
 store bytes per token, the machine's load and peak memory. ``--profile`` adds one profiled run
 of each method: the share of its CPU time spent in the attention kernel. With several ``--backend``
 engines, each context is measured on each engine in turn (the same chunks; each engine's own
-tokenizer and full prefill), so their ratios are taken side by side.
+tokenizer and full prefill), so their ratios are taken side by side. ``--probe-cost`` (llama.cpp)
+times what reading the query's attention through the eval callback costs, side by side with
+the same work done without it.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def main() -> int:
                         help="also profile one run per method: attention kernel's share of time")
     parser.add_argument("--backend", nargs="+", default=["transformers"],
                         choices=["transformers", "llama.cpp"])
+    parser.add_argument("--probe-cost", action="store_true",
+                        help="llama.cpp: the query probe's cost against the same decode without "
+                             "the eval callback")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -96,6 +101,8 @@ def main() -> int:
         chunks, _ = pick_chunks(index, backends[0], target)
         for backend in backends:
             measure(backend, index, chunks, args)
+            if args.probe_cost and backend.info.engine == "llama.cpp":
+                probe_cost(backend, index, chunks, args)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak memory (RSS) {peak:.0f} MiB")
     return 0
@@ -160,6 +167,68 @@ def measure(backend, index, chunks, args) -> None:
     print(f"  store: {stats.entries} entries, {stats.bytes / 1e6:.1f} MB, "
           f"{stats.bytes / max(1, total_tokens) / 1024:.1f} KiB per token")
     shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def probe_cost(backend, index, chunks, args) -> None:
+    """llama.cpp's query probe against the same work without the eval callback, medians of
+    ``--repeats`` runs each, interleaved. End to end: ``query_relevance`` (states placed in the
+    probe context, K-shift, query decoded with the callback reading the probe layers' softmax)
+    against building the ``none`` request (the same placing and decode in the request context,
+    which has no callback). The query decode alone, the states already placed: request
+    context; probe context with the callback attached but idle (one Python call per graph
+    node); probe context reading the layers."""
+    from codekv.backends.llamacpp import REQUEST
+    from codekv.compose import query_probe_layers
+
+    parts, ids = [], []
+    for chunk in chunks:
+        piece = backend.tokenize(f"# {chunk.path}\n" + index.text(chunk).decode() + "\n\n")
+        parts.append(backend.reposition(backend.prefill_chunk(piece), len(ids)))
+        ids += piece
+    query = backend.tokenize(QUESTION)
+    layers = query_probe_layers(backend.info.n_layers)
+    t0 = time.perf_counter()
+    ctx, reader = backend._probe()
+    made_s = time.perf_counter() - t0
+
+    def timed(run) -> float:
+        t = time.perf_counter()
+        run()
+        return time.perf_counter() - t
+
+    def decode(context, arm: bool) -> float:
+        L = backend._L
+        mem = L.llama_get_memory(context)
+        L.llama_memory_clear(mem, False)
+        backend._place(parts, context, mem)
+        backend._decode(ids[-1:], len(ids) - 1, 2, logits="none", ctx=context)  # the K-shift
+        L.llama_memory_seq_rm(mem, 2, -1, -1)
+        if arm:
+            reader.arm(layers, len(ids))
+        try:
+            return timed(lambda: backend._decode(query, len(ids), REQUEST, logits="none",
+                                                 ctx=context))
+        finally:
+            reader.disarm()
+
+    runs: dict[str, list[float]] = {}
+    measures = {
+        "none request (no callback)": lambda: timed(
+            lambda: backend.recompute(ids, parts, [], query)),
+        "query_relevance (reading)": lambda: timed(
+            lambda: backend.query_relevance(parts, query, layers)),
+        "decode, request context": lambda: decode(backend._ctx, False),
+        "decode, probe idle": lambda: decode(ctx, False),
+        "decode, probe reading": lambda: decode(ctx, True),
+    }
+    for _ in range(args.repeats):
+        for name, run in measures.items():
+            runs.setdefault(name, []).append(run())
+    print(f"  probe cost (llama.cpp, {len(ids)} context + {len(query)} query tokens, layers "
+          f"{layers[0]}..{layers[-1]}; probe context made in {made_s:.2f} s):")
+    for name, times in runs.items():
+        print(f"    {name:<28} {statistics.median(times) * 1000:9.1f} ms  "
+              f"(runs: {', '.join(f'{t * 1000:.0f}' for t in times)})")
 
 
 if __name__ == "__main__":

@@ -411,7 +411,9 @@ def test_tokens_and_offsets(smollm_llama):
     assert whole >= len(ids) - 2
 
 
-def test_cli_compose_all_check_is_within_the_floor(git_repo):
+@pytest.mark.parametrize("strategy", ["all", "query"])
+def test_cli_compose_all_check_is_within_the_floor(git_repo, strategy):
+    """``all`` lands within the batch floor; ``query`` (issue 22) composes, not refused."""
     from codekv.cli import main
 
     git_repo.commit({
@@ -424,13 +426,17 @@ def test_cli_compose_all_check_is_within_the_floor(git_repo):
     result = runner.invoke(main, [
         "compose", str(git_repo.root), "--backend", "llama.cpp", "--chunk", "geometry.py::area",
         "--chunk", "shapes.py::Box", "--query", "What does Box.size return?",
-        "--strategy", "all", "--check", "--experimental", "--json", "--max-new-tokens", "4",
+        "--strategy", strategy, "--check", "--experimental", "--json", "--max-new-tokens", "4",
     ])
     assert result.exit_code == 0, result.output
     output = json.loads(result.output)
-    assert output["status"] == "composed"
+    assert output["status"] == "composed" and output["report"]["strategy"] == strategy
     check = output["check"]
-    assert check["within_floor"] and check["kl"] <= check["batch_floor_kl"] + 1e-4
+    if strategy == "all":
+        assert check["within_floor"] and check["kl"] <= check["batch_floor_kl"] + 1e-4
+    else:
+        assert 0 < output["report"]["recomputed_tokens"] < output["report"]["context_tokens"]
+        assert output["report"]["timings"]["relevance"] > 0
 
 
 def test_load_backend_by_engine_name(tiny_gguf, tmp_path):

@@ -6,7 +6,8 @@ layer's softmaxed attention is the node ``kq_soft_max-<layer>``, f32 laid out
 ``[n_kv, n_tokens, n_head, n_stream]`` over the KV cells the decode saw; its second source is
 the mask ``[n_kv, n_tokens, 1, n_stream]`` (0 where a row sees a cell, -inf where not). Only the
 probe layers' softmax is asked for, and the callback lives on a context of its own (a Python
-call per graph node would slow every ordinary decode: ~1,100 nodes per SmolLM2 decode).
+call per graph node would slow every ordinary decode: ~1,100 nodes per SmolLM2 decode). After
+the last probe layer the callback stops the graph, so the probe pays for those layers only.
 """
 
 from __future__ import annotations
@@ -101,9 +102,12 @@ class AttentionReader:
                 return wanted
             if wanted:
                 self._read(tensor, int(match[1]))
+                # The layers above the last probe layer are not needed: False stops this
+                # graph (the probe context's later layers are left stale; it is cleared first).
+                return int(match[1]) != max(self._layers)
         except Exception as error:  # a callback must not raise into C: kept, raised after
             self._error = self._error or error
-        return True  # (after a read: False would stop the computation)
+        return True
 
     def _read(self, pointer: int, layer: int) -> None:
         tensor = _Tensor.from_address(pointer)
