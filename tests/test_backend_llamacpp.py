@@ -189,6 +189,18 @@ def test_query_relevance_is_the_attention_transformers_computes_on_the_same_gguf
     assert spread > 1e-5 and float((ours - reference).abs().max()) < spread / 100
 
 
+def test_a_query_longer_than_a_batch_is_read_over_its_batches(tiny_llama, tiny_gguf):
+    """A query decoded in several batches: every row counted once, each batch's rows seeing the
+    query rows before them; the same relevance as decoding it in one batch."""
+    small = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32", n_batch=8)
+    chunks = [A.text, C.text]
+    query = QUERY * 3
+    assert len(small.tokenize(query)) > 2 * small.n_batch
+    one, _ = relevance_of(tiny_llama, chunks, query)
+    several, _ = relevance_of(small, chunks, query)
+    assert float((one - several).abs().max()) < float(one.max() - one.min()) / 100
+
+
 # Measured on 9 requests of 1.6K-2.6K tokens of stdlib code (3-5 chunks, 3 queries): Spearman
 # >= 0.99993 and top-15% overlap >= 0.984 (at most 4 of 245 tokens swapped), max |difference|
 # 8e-4. What differs is numerics only: transformers runs the Q4_1 weights de-quantised in fp32
