@@ -486,13 +486,14 @@ def test_eval_on_llama_cpp_refuses_what_it_cannot_run_and_keys_the_gate(tiny_ggu
     out, gate = tmp_path / "eval.json", tmp_path / "support.json"
     result = CliRunner().invoke(command.eval_command, [
         "--quick", "--backend", "llama.cpp", "--model", str(tiny_gguf), "--workload", "rag",
-        "--tasks", "1", "--strategies", "none,boundary,deviation", "--no-reorder",
+        "--tasks", "1", "--strategies", "none,boundary,deviation,query", "--no-reorder",
         "--json", str(out),
         "--write-gate", str(gate),
     ])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert [r["method"] for r in data["results"]] == ["full", "none", "boundary@0.15"]
+    assert [r["method"] for r in data["results"]] == ["full", "none", "boundary@0.15",
+                                                      "query@0.15"]
     assert all(r["fallbacks"] == 0 for r in data["results"])
     assert data["model"]["engine"] == "llama.cpp"
     assert any(n.startswith("deviation: refused on llama.cpp") for n in data["notes"])
