@@ -49,8 +49,8 @@ def _ggml():
 
 
 class AttentionReader:
-    """The eval callback of a probe context: idle (it wants nothing) until ``probe`` arms it
-    with the layers to read; then it sums, per layer and KV cell, the attention of every query
+    """The eval callback of a probe context: idle (it wants nothing) until ``arm`` gives
+    it the layers to read; then it sums, per layer and KV cell, the attention of every query
     row and head. ``callback`` must stay referenced as long as the context lives (a collected
     ctypes callback crashes the next decode): this object holds it."""
 
