@@ -662,3 +662,12 @@ def test_compose_errors_keep_their_quotes(repo, store, tiny_backend, monkeypatch
                  "--query", "q")
     assert result.output.strip() == ("Error: no chunk matches 'app.py::nosuch': no definition "
                                      "'nosuch' in app.py")
+
+
+def test_python_dash_m_codekv_runs_the_command_line():
+    """``python -m codekv`` is the same command line as the ``codekv`` script."""
+    done = subprocess.run([sys.executable, "-m", "codekv", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: codekv ")
+    assert "compose" in done.stdout and "serve" in done.stdout
