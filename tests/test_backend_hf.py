@@ -355,12 +355,28 @@ def test_a_states_prefix_continued_equals_full_prefill(tiny_backend, family):
         backend.head(kv, 41)
 
 
+def test_generate_stops_at_the_generation_configs_end_token(tiny_backend):
+    """A GGUF converted by transformers names <|im_start|> the tokenizer's end of sequence and
+    <|im_end|> the generation config's: a reply stops at either."""
+    backend = tiny_backend("llama")
+    state = backend.full_prefill(token_ids(12, seed=2))  # six distinct tokens, none an end
+    free = backend.generate(state, 6)
+    assert len(set(free)) == 6
+    config = backend.model.generation_config
+    previous, config.eos_token_id = config.eos_token_id, free[3]
+    try:
+        assert backend.generate(state, 6) == free[:3]
+    finally:
+        config.eos_token_id = previous
+
+
 def test_end_tokens_hold_the_tokenizers_and_the_generation_configs(tiny_backend):
     backend = tiny_backend("llama")
     eos = backend.tokenizer.eos_token_id
     assert eos in backend.end_token_ids
-    backend.model.generation_config.eos_token_id = [7, 9]
+    config = backend.model.generation_config
+    previous, config.eos_token_id = config.eos_token_id, [7, 9]
     try:
         assert backend.end_token_ids == {eos, 7, 9}
     finally:
-        backend.model.generation_config.eos_token_id = None
+        config.eos_token_id = previous  # the backend is shared between tests

@@ -448,14 +448,15 @@ class HFBackend:
 
     @torch.inference_mode()
     def generate(self, state: HFRequest, max_new_tokens: int) -> list[int]:
-        """Greedy continuation; the state is left as it was."""
+        """Greedy continuation up to an end token (``end_token_ids``); the state is left as it
+        was."""
         length, first = state.length, state.logits
-        eos = self.tokenizer.eos_token_id
+        ends = self.end_token_ids  # the default model ends its turn with the config's <|im_end|>
         out: list[int] = []
         limit = min(max_new_tokens, self.info.max_positions - length)
         for _ in range(limit):
             token = int(state.logits.argmax())
-            if token == eos:
+            if token in ends:
                 break
             out.append(token)
             self.extend(state, [token])
