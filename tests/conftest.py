@@ -248,16 +248,18 @@ class GitRepo:
 class RedisServer:
     """A redis-server child on 127.0.0.1; ``url(user, password)`` names it."""
 
-    def __init__(self, directory: Path):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+    def __init__(self, directory: Path, *options: str, port: int | None = None):
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        self.port = port
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir",
              str(directory), "--save", "", "--appendonly", "no", "--daemonize", "no",
-             "--logfile", str(directory / "redis.log")],
+             "--logfile", str(directory / "redis.log"), *options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         self.admin = self._connect()
@@ -312,6 +314,109 @@ def redis_url(redis_server) -> str:
         if user not in (b"default", "default"):
             redis_server.admin.acl_deluser(user)
     return redis_server.url()
+
+
+class LocalCluster:
+    """A Redis Cluster of three redis-server children on 127.0.0.1, each primary of a third of
+    the slots (no replicas), joined with ``redis-cli --cluster create``."""
+
+    def __init__(self, directory: Path, nodes: int = 3):
+        self.servers = []
+        for n in range(nodes):
+            self.servers.append(RedisServer(
+                directory / f"node{n}", "--cluster-enabled", "yes", "--cluster-config-file",
+                str(directory / f"node{n}.conf"), port=_cluster_port()))
+        addresses = [f"127.0.0.1:{server.port}" for server in self.servers]
+        try:
+            subprocess.run(["redis-cli", "--cluster", "create", *addresses,
+                            "--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, capture_output=True, timeout=30)
+            deadline = time.monotonic() + 20
+            while not all(s.admin.cluster("info")["cluster_state"] == "ok" for s in self.servers):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+
+    def url(self, scheme: str = "redis+cluster") -> str:
+        return f"{scheme}://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    def node_of(self, key: str) -> RedisServer:
+        """The server whose slots hold ``key``."""
+        from redis.crc import key_slot
+
+        slot = key_slot(key.encode())
+        for server in self.servers:
+            for start, end in _own_slots(server):
+                if start <= slot <= end:
+                    return server
+        raise LookupError(f"no node serves slot {slot}")
+
+    def flush(self) -> None:
+        for server in self.servers:
+            if server.process.poll() is None:
+                server.admin.flushall()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+def _cluster_port() -> int:
+    """A free port P <= 55535 whose cluster bus port P + 10000 is free too."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port > 55535:
+            port = 20000 + port % 35535
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+
+
+def _own_slots(server: RedisServer) -> list[tuple[int, int]]:
+    """The slot ranges ``server`` is primary of, as it reports them itself."""
+    for line in server.admin.execute_command("CLUSTER", "NODES").decode().splitlines():
+        fields = line.split()
+        if "myself" in fields[2]:
+            return [(int(r.partition("-")[0]), int(r.partition("-")[2] or r))
+                    for r in fields[8:] if not r.startswith("[")]
+    return []
+
+
+def start_cluster(directory: Path) -> LocalCluster:
+    """A fresh three-node Redis Cluster, or ``missing`` what it needs."""
+    for program in ("redis-server", "redis-cli"):
+        if shutil.which(program) is None:
+            missing(f"{program} is not installed (apt-get install redis-server; redis-cli "
+                    "comes with it, in redis-tools)")
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        missing("the redis client is not installed (the 'shared' extra: make setup)")
+    return LocalCluster(directory)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """One real three-node Redis Cluster per test session."""
+    cluster = start_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster) -> str:
+    """The session's cluster, emptied, for one test."""
+    redis_cluster.flush()
+    return redis_cluster.url()
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 
 The stores are those ``codekv.stores.STORES`` registers (each once), the local store, and the
 local store in front of each registered one (``local,<url>``): a new store is tested here by
-its registry line alone. Redis runs on a real redis-server (tests/conftest.py starts one per
-session); a store these tests know nothing of gets ``<scheme>://<a fresh directory>``.
+its registry line alone. Redis runs on a real redis-server, the Redis Cluster store on a real
+three-node cluster (tests/conftest.py starts each once per session); a store these tests know
+nothing of gets ``<scheme>://<a fresh directory>``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def registered() -> list[str]:
 SINGLE = ["local", *registered()]
 ALL = [*SINGLE, *(f"local,{scheme}" for scheme in registered())]
 # Test URLs of the stores that need a server; any other gets a directory of its own.
-TEST_URLS = {"redis": lambda request, tmp_path: request.getfixturevalue("redis_url")}
+TEST_URLS = {"redis": lambda request, tmp_path: request.getfixturevalue("redis_url"),
+             "redis+cluster": lambda request, tmp_path: request.getfixturevalue(
+                 "redis_cluster_url")}
 
 
 def open_store(kind: str, request, tmp_path: Path, max_bytes: int | None = None) -> KVStore:
@@ -62,7 +65,7 @@ def new_store(request, tmp_path):
     return lambda max_bytes=None: open_store(request.param, request, tmp_path, max_bytes)
 
 
-@pytest.fixture(params=[kind for kind in ("local", "redis") if kind in SINGLE])
+@pytest.fixture(params=[kind for kind in ("local", "redis", "redis+cluster") if kind in SINGLE])
 def raw_store(request, tmp_path) -> KVStore:
     """A store whose stored bytes the tests can read and damage (``read_raw``, ``write_raw``)."""
     return open_store(request.param, request, tmp_path)

@@ -4,8 +4,9 @@ A store spec is one of
 
 - a directory: the local store there (``codekv.stores.local``);
 - a URL of a registered scheme, such as a Redis URL ``redis://[user:password@]host:port/db``
-  (``rediss://`` for TLS; query options such as ``?socket_timeout=2`` reach the client): that
-  shared store alone;
+  (``rediss://`` for TLS; query options such as ``?socket_timeout=2`` reach the client) or a
+  Redis Cluster's ``redis+cluster://[user:password@]host:port[,host:port...]``: that shared
+  store alone;
 - ``local,<url>``: the local store first, the shared one behind it (``codekv.stores.tiered``: a
   shared hit is copied to the local disk; when the server is down the local store still serves).
 
@@ -33,7 +34,13 @@ from urllib.parse import urlsplit
 
 from codekv import paths
 from codekv.stores.base import StoreSpecError, StoreUnavailable
-from codekv.stores.urls import REDIS_SCHEMES, check_redis_url, mask_credentials
+from codekv.stores.urls import (
+    CLUSTER_SCHEMES,
+    REDIS_SCHEMES,
+    check_cluster_url,
+    check_redis_url,
+    mask_credentials,
+)
 
 if TYPE_CHECKING:
     from codekv.stores.base import KVStore
@@ -70,6 +77,8 @@ class StoreKind:
 STORES: dict[str, StoreKind] = {
     **dict.fromkeys(REDIS_SCHEMES, StoreKind("codekv.stores.redis_store:RedisKVStore",
                                              check_redis_url, extra="shared")),
+    **dict.fromkeys(CLUSTER_SCHEMES, StoreKind("codekv.stores.redis_cluster:RedisClusterKVStore",
+                                               check_cluster_url, extra="shared")),
 }
 
 
@@ -84,11 +93,13 @@ def is_shared_spec(spec: str | Path) -> bool:
 def check_spec(spec: str) -> list[str]:
     """The parts of a shared-store spec (``[url]`` or ``["local", url]``); raises
     ``StoreSpecError`` (credentials masked) on anything else."""
-    parts = [p.strip() for p in spec.split(",")]
-    if len(parts) == 2 and parts[0] == LOCAL:
-        url = parts[1]
-    elif len(parts) == 1:
-        url = parts[0]
+    head, comma, rest = spec.partition(",")
+    if comma and head.strip() == LOCAL:
+        url = rest.strip()
+        parts = [LOCAL, url]
+    elif "://" in head or not comma:  # a URL may list several hosts (a cluster's nodes)
+        url = spec.strip()
+        parts = [url]
     else:
         raise StoreSpecError(f"not a store: {mask_credentials(spec)} (use a directory, a store "
                              "URL, or local,<url>)")

@@ -25,6 +25,7 @@ store; ``max_bytes`` and ``evict`` are the client-side equivalent of the local s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
@@ -60,6 +61,9 @@ TIMEOUT_S = 5.0  # per socket read or write; a 4K-token request's largest chunk 
 CONNECT_TIMEOUT_S = 1.0
 LEASE_S = 30.0  # a chunk prefill on a CPU takes seconds; a dead holder delays others this long
 RETRY_AFTER_S = 30.0
+# Every client: bounded waits, one try (a fallback beats a wait), named in CLIENT LIST.
+CLIENT_OPTIONS = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": CONNECT_TIMEOUT_S,
+                  "client_name": "codekv"}
 _POLL_S = 0.02
 _STORED_FROM = "codekv.kv_dtype_of"  # provenance of a 16-bit entry: the dtype it came from
 # Unreachable, timed out, killed mid-request, refused - and whatever a broken server or proxy
@@ -114,23 +118,15 @@ class RedisKVStore(KVStore):
 
     def __init__(self, url: str, max_bytes: int | None = None, *, lease_s: float = LEASE_S,
                  retry_after_s: float = RETRY_AFTER_S):
-        check_redis_url(url)  # raises StoreSpecError, credentials masked
+        self._check_url(url)  # raises StoreSpecError, credentials masked
         parts = urlsplit(url)
         query = parse_qs(parts.query)
         self.kv_dtype = query.pop("kv_dtype", [None])[0]  # 16-bit values on the wire
         client_url = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
-        try:
-            self._client = redis.Redis.from_url(
-                client_url, socket_timeout=TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S,
-                retry=Retry(NoBackoff(), 0),  # one bounded try: a fallback beats a wait
-                client_name="codekv",
-            )
-        except ValueError as error:
-            raise StoreSpecError(f"bad Redis URL {mask_credentials(url)}: "
-                                 f"{mask_credentials(str(error))}") from error
+        self._connect = self._client_factory(client_url)
         if max_bytes is not None and max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
-        self.url = public_url(url) + (f"?kv_dtype={self.kv_dtype}" if self.kv_dtype else "")
+        self.url = self._public_url(url) + (f"?kv_dtype={self.kv_dtype}" if self.kv_dtype else "")
         self.user = parts.username or "default"
         self.max_bytes = max_bytes
         self.lease_s = lease_s
@@ -141,11 +137,39 @@ class RedisKVStore(KVStore):
         self.waited = 0  # entries got by waiting for another process's lease
         self._clock = AccessClock()
         self._leases: set[str] = set()
-        self._delete_if_same = self._client.register_script(_DELETE_IF_SAME)
-        self._delete_if_not_string = self._client.register_script(_DELETE_IF_NOT_STRING)
 
     def __repr__(self) -> str:
-        return f"RedisKVStore({self.url!r})"
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- the client: what a subclass on another deployment of Redis replaces -----------------
+
+    _check_url = staticmethod(check_redis_url)
+    _public_url = staticmethod(public_url)
+
+    def _client_factory(self, url: str) -> Callable[[], redis.Redis]:
+        """What makes the client of ``url`` (its ``kv_dtype`` removed) at first use; raises
+        ``StoreSpecError`` on a URL the client refuses. A server's client connects only when
+        it sends its first command, so it is made now."""
+        try:
+            client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **CLIENT_OPTIONS)
+        except ValueError as error:
+            raise StoreSpecError(f"bad Redis URL {mask_credentials(url)}: "
+                                 f"{mask_credentials(str(error))}") from error
+        return lambda: client
+
+    @functools.cached_property
+    def _client(self) -> redis.Redis:
+        """Made at first use: a cluster's client connects as it is made, and a store must open
+        while its server is down (a failure here is one more failure a request falls back on)."""
+        return self._connect()
+
+    @functools.cached_property
+    def _delete_if_same(self):
+        return self._client.register_script(_DELETE_IF_SAME)
+
+    @functools.cached_property
+    def _delete_if_not_string(self):
+        return self._client.register_script(_DELETE_IF_NOT_STRING)
 
     # -- public API -------------------------------------------------------------------------
 

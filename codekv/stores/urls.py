@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 from codekv.stores.base import StoreSpecError
 
 REDIS_SCHEMES = ("redis", "rediss")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")  # a Redis Cluster: its nodes' addresses
 REDIS_PORT = 6379
 KV_DTYPES_NAMES = ("float16", "bfloat16")  # ?kv_dtype= : 16-bit values on the wire
 # Query options the Redis client reads from a URL (redis-py's URL_QUERY_ARGUMENT_PARSERS) that
@@ -52,6 +53,9 @@ def check_redis_url(url: str) -> None:
     if parts.scheme not in REDIS_SCHEMES or not parts.hostname:
         raise StoreSpecError(f"not a Redis URL: {shown} (use "
                              "redis://[user:password@]host:port/db or rediss://...)")
+    if "," in parts.netloc.rpartition("@")[2]:
+        raise StoreSpecError(f"{shown} names several hosts: a Redis URL names one (a Redis "
+                             "Cluster is redis+cluster://host:port,host:port,...)")
     try:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as error:
@@ -63,6 +67,56 @@ def check_redis_url(url: str) -> None:
         query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as error:
         raise StoreSpecError(f"bad query in {shown}: expected ?option=value&...") from error
+    _check_options(query, shown)
+
+
+def cluster_nodes(url: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` of each node a Redis Cluster URL names (port 6379 when left out);
+    raises ``StoreSpecError`` on a bad one."""
+    shown = mask_credentials(url)
+    hosts = urlsplit(url).netloc.rpartition("@")[2]
+    nodes = []
+    for address in hosts.split(","):
+        parts = urlsplit(f"//{address}")
+        try:
+            port = parts.port or REDIS_PORT
+        except ValueError as error:
+            raise StoreSpecError(f"bad port in {shown}: {error}") from error
+        if not parts.hostname:
+            raise StoreSpecError(f"node {address!r} in {shown}: expected host:port")
+        nodes.append((parts.hostname, port))
+    return nodes
+
+
+def check_cluster_url(url: str) -> None:
+    """Raise ``StoreSpecError`` (credentials masked) unless ``url`` is a Redis Cluster URL
+    codekv can open: ``redis[s]+cluster://[user:password@]host:port[,host:port...]
+    [?option=value...]``; any node answers for the others. A cluster has database 0 only."""
+    shown = mask_credentials(url)
+    parts = urlsplit(url)
+    if parts.scheme not in CLUSTER_SCHEMES:
+        raise StoreSpecError(f"not a Redis Cluster URL: {shown} (use "
+                             "redis+cluster://[user:password@]host:port,host:port,... or "
+                             "rediss+cluster://...)")
+    cluster_nodes(url)
+    if parts.path.strip("/") not in ("", "0"):
+        raise StoreSpecError(f"database {parts.path.strip('/')!r} in {shown}: a Redis Cluster "
+                             "has database 0 only")
+    try:
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as error:
+        raise StoreSpecError(f"bad query in {shown}: expected ?option=value&...") from error
+    _check_options(query, shown)
+
+
+def public_cluster_url(url: str) -> str:
+    """A Redis Cluster ``url`` without user, password or query: ``scheme://host:port,...``."""
+    nodes = ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                     for host, port in cluster_nodes(url))
+    return f"{urlsplit(url).scheme}://{nodes}"
+
+
+def _check_options(query: dict[str, list[str]], shown: str) -> None:
     for name, values in query.items():
         if name not in REDIS_OPTIONS:
             raise StoreSpecError(f"unknown option {name!r} in {shown}: expected one of "
