@@ -268,6 +268,52 @@ def test_eight_concurrent_clients(exact_server):
     assert failures == [] and len(replies) == 24
 
 
+def verified_entries(home) -> int:
+    """How many entry files the local store under ``home`` holds, each read back through the
+    store under the key its header records and verified (``get`` deletes and counts a bad one)."""
+    from codekv.stores.entry import META_KEY, KVKey, header_length, header_meta
+    from codekv.stores.local import LocalKVStore
+
+    store = LocalKVStore(home / "kv")
+    files = [f for f in (home / "kv").rglob("*.safetensors") if not f.name.startswith(".")]
+    for file in files:
+        head = file.read_bytes()
+        meta = header_meta(head[:8 + header_length(head[:8])])
+        key = KVKey(**json.loads(meta[META_KEY]))
+        assert store._path(key) == file, f"{file} is not under its key's name"
+        assert store.get(key) is not None, f"{file} does not verify"
+    assert store.corrupt == 0
+    return len(files)
+
+
+def test_eight_clients_times_twenty_requests_leave_every_entry_whole(exact_server):
+    """Load: 160 requests, each storing a block of its own, all answered, every entry whole."""
+    client = exact_server.client()
+    failures, stored = [], []
+
+    def worker(number: int) -> None:
+        for turn in range(20):
+            block = f"def load_{number}_{turn}(value):\n    return value * {turn} + {number}\n"
+            try:
+                _, report, usage, _ = ask(client, chat(block, lead=f"Load {number}."),
+                                          max_tokens=2)
+                assert_accounted(report, usage)
+                stored.append(report["segments_stored"])
+            except Exception as error:  # noqa: BLE001 - collected and reported below
+                failures.append(repr(error))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and len(stored) == 160
+    while httpx.get(exact_server.url + "/health").json()["busy"]:
+        time.sleep(0.05)  # new segments are stored once the reply is out
+    assert sum(stored) >= 160  # each request's own block at least
+    assert verified_entries(exact_server.log.parent) >= 160
+
+
 def cancelled(server) -> float:
     text = httpx.get(server.url + "/metrics").text
     return float(re.search(r"^codekv_cancelled_requests (\S+)$", text, re.MULTILINE)[1])
