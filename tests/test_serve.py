@@ -278,7 +278,8 @@ def verified_entries(home) -> int:
     files = [f for f in (home / "kv").rglob("*.safetensors") if not f.name.startswith(".")]
     for file in files:
         head = file.read_bytes()
-        meta = header_meta(head[:8 + header_length(head[:8])])
+        meta = header_meta(head[:8 + (header_length(head[:8]) or 0)])
+        assert meta is not None, f"{file} has no readable header"
         key = KVKey(**json.loads(meta[META_KEY]))
         assert store._path(key) == file, f"{file} is not under its key's name"
         assert store.get(key) is not None, f"{file} does not verify"
@@ -361,6 +362,47 @@ def test_sigterm_lets_the_request_in_flight_finish(tiny_model_dir, tiny_support,
     (reply,) = replies
     assert reply.status_code == 200
     assert reply.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_kill_9_mid_request_loses_nothing_already_stored(tiny_model_dir, tiny_support,
+                                                        tmp_path):
+    """SIGKILL while a reply streams: a new server on the same store reuses what the first
+    stored, and no entry file under its final name is half-written."""
+    import signal
+
+    args = ["--model", str(tiny_model_dir), "--served-model-name", TINY,
+            "--min-segment-tokens", "8"]
+    home = tmp_path / "home"
+    server = ServeProcess(args, home, tiny_support).wait()
+    try:
+        _, report, _, _ = ask(server.client(), chat(FILE, lead="Before the kill."))
+        assert report["segments_stored"] == 1 and report["store_error"] is None
+        while httpx.get(server.url + "/health").json()["busy"]:
+            time.sleep(0.05)  # new segments are stored once the reply is out
+        body = {"model": TINY, "messages": chat(OTHER, lead="Killed midway."),
+                "max_tokens": 900, "temperature": 0, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                          timeout=60) as response:
+            assert response.status_code == 200
+            chunks = (line for line in response.iter_lines() if line.startswith("data:"))
+            for _ in range(8):
+                assert next(chunks) != "data: [DONE]", "the reply ended before the kill"
+            assert httpx.get(server.url + "/health").json()["busy"] is True
+            server.process.send_signal(signal.SIGKILL)
+            assert server.process.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        server.stop()
+    assert verified_entries(home) == 1
+    again = ServeProcess(args, home, tiny_support).wait()
+    try:
+        _, report, usage, _ = ask(again.client(), chat(OTHER, FILE, lead="After the kill."))
+        assert report["status"] == "composed" and report["segments_reused"] == 1
+        assert report["reused_tokens"] > 0
+        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert_accounted(report, usage)
+    finally:
+        again.stop()
+    assert verified_entries(home) == 2  # the block the killed request held, stored now
 
 
 def test_requests_without_a_valid_key_get_401(keyed_server):
