@@ -400,6 +400,8 @@ def test_kill_9_mid_request_loses_nothing_already_stored(tiny_model_dir, tiny_su
         assert report["reused_tokens"] > 0
         assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
         assert_accounted(report, usage)
+        while httpx.get(again.url + "/health").json()["busy"]:
+            time.sleep(0.05)  # new segments are stored once the reply is out
     finally:
         again.stop()
     assert verified_entries(home) == 2  # the block the killed request held, stored now
