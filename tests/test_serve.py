@@ -246,28 +246,6 @@ def test_metrics_count_what_responses_report(exact_server):
         s: 1.0 if s == report["status"] else 0.0 for s in before}
 
 
-def test_eight_concurrent_clients(exact_server):
-    client = exact_server.client()
-    failures, replies = [], []
-
-    def worker(number: int) -> None:
-        for turn in range(3):
-            try:
-                text, report, usage, _ = ask(client, chat(lead=f"Client {number}, turn {turn}."),
-                                             max_tokens=8)
-                assert_accounted(report, usage)
-                replies.append(text)
-            except Exception as error:  # noqa: BLE001 - collected and reported below
-                failures.append(repr(error))
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == [] and len(replies) == 24
-
-
 def verified_entries(home) -> int:
     """How many entry files the local store under ``home`` holds, each read back through the
     store under the key its header records and verified (``get`` deletes and counts a bad one)."""
