@@ -29,16 +29,12 @@ from importlib import resources
 from pathlib import Path
 
 # What the schema knows of engines and workloads: their torch-free registries.
-from codekv.backends.engines import ENGINES, LLAMA_CPP, TRANSFORMERS  # TRANSFORMERS: none named
+from codekv.backends.engines import ENGINES, TRANSFORMERS  # TRANSFORMERS: none named
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import GATE_STRATEGIES, Method
 from codekv.eval.registry import WORKLOADS, workload_of
 from codekv.grammars import LANGUAGES
 from codekv.selection import STRATEGIES as SELECTION
-
-# What a rule reads that an engine cannot give it: the engine's backend refuses these
-# (``deviation_refusal`` / ``relevance_refusal``; tests/test_gate.py checks they agree).
-UNSERVED_NEEDS = {LLAMA_CPP: {"needs_deviation": "per-token KV deviation"}}
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
 SHIPPED = "codekv/data/support.json"
@@ -424,7 +420,7 @@ def _rule_problems(entry: dict, engine, licenses: bool) -> list[str]:
                         "choose from " + ", ".join(GATE_STRATEGIES))
     else:
         rule = SELECTION[strategy]
-        for need, what in UNSERVED_NEEDS.get(engine, {}).items():
+        for need, what in ENGINES[engine].unserved if engine in ENGINES else ():
             if getattr(rule, need):
                 problems.append(f"strategy {strategy!r} needs {what}, which {engine} cannot "
                                 "give")

@@ -160,10 +160,10 @@ def test_a_llama_cpp_entry_may_name_the_query_rule():
 
 
 def test_what_an_engine_cannot_run_is_what_its_backend_refuses():
-    """The gate's table of unserved needs (torch-free) agrees with the backends' refusals."""
+    """What each engine's registry entry says it cannot serve (torch-free, read by the gate)
+    agrees with its backend's refusals."""
     from codekv.backends.hf import HFBackend
     from codekv.backends.llamacpp import LlamaCppBackend
-    from codekv.gate import UNSERVED_NEEDS
     from codekv.models import ENGINES
 
     backends = {"transformers": HFBackend, "llama.cpp": LlamaCppBackend}
@@ -172,7 +172,7 @@ def test_what_an_engine_cannot_run_is_what_its_backend_refuses():
         refused = {need for need, refusal in (("needs_deviation", backend.deviation_refusal),
                                               ("needs_relevance", backend.relevance_refusal))
                    if refusal}
-        assert set(UNSERVED_NEEDS.get(engine, {})) == refused, engine
+        assert {need for need, _ in ENGINES[engine].unserved} == refused, engine
 
 
 def test_the_shipped_support_file_is_valid():

@@ -28,6 +28,10 @@ class Engine:
     # The model files it runs: "gguf" (a GGUF file), "hf-directory" (a local Hugging Face
     # model directory); a test picks a tiny model of a format the engine runs.
     formats: tuple[str, ...]
+    # What a selection rule may need (its ``needs_*`` flag) that this engine cannot give, in
+    # words: the support gate reads it without loading the engine; the backend refuses the same
+    # rules (``deviation_refusal`` / ``relevance_refusal``; tests/test_gate.py checks they agree).
+    unserved: tuple[tuple[str, str], ...] = ()
 
     def load(self, model: Path, dtype: str = "float32", device: str | None = None):
         module, _, function = self.loader.partition(":")
@@ -43,4 +47,5 @@ def register(engine: Engine) -> Engine:
 
 
 register(Engine(TRANSFORMERS, "codekv.backends.hf_loader:load", ("gguf", "hf-directory")))
-register(Engine(LLAMA_CPP, "codekv.backends.llamacpp_loader:load", ("gguf",)))
+register(Engine(LLAMA_CPP, "codekv.backends.llamacpp_loader:load", ("gguf",),
+                unserved=(("needs_deviation", "per-token KV deviation"),)))
