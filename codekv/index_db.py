@@ -205,15 +205,21 @@ class IndexStore:
                 [(*s.key, *s.blob_row) for s in stored],
             )
 
-    @_guarded
-    def load_symbols(self, repo_id: int, blob_hash: str, language: str, chunker: str):
-        """The blob's packed definitions, references, imports and chunk summaries, or None."""
+    def _analysed_blob(self, repo_id: int, blob_hash: str, language: str, chunker: str):
+        """The blob's (status, syntax errors, decode errors, symbols) row if it was analysed
+        ("ok"); None if it is unknown or was skipped."""
         row = self.db.execute(
             "SELECT status, syntax_errors, decode_errors, symbols FROM blobs "
             "WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
             (repo_id, blob_hash, language, chunker),
         ).fetchone()
-        if row is None or row[0] != "ok":
+        return row if row is not None and row[0] == "ok" else None
+
+    @_guarded
+    def load_symbols(self, repo_id: int, blob_hash: str, language: str, chunker: str):
+        """The blob's packed definitions, references, imports and chunk summaries, or None."""
+        row = self._analysed_blob(repo_id, blob_hash, language, chunker)
+        if row is None:
             return None
         return BlobSymbols.unpack(blob_hash, language, row[1], row[2], row[3])
 
@@ -240,12 +246,8 @@ class IndexStore:
         self, repo_id: int, blob_hash: str, language: str, chunker: str
     ) -> BlobAnalysis | None:
         """The blob's chunks with their anchors (no symbols: see ``load_symbols``)."""
-        row = self.db.execute(
-            "SELECT status, syntax_errors, decode_errors, symbols FROM blobs "
-            "WHERE repo_id = ? AND blob_hash = ? AND language = ? AND chunker = ?",
-            (repo_id, blob_hash, language, chunker),
-        ).fetchone()
-        if row is None or row[0] != "ok":
+        row = self._analysed_blob(repo_id, blob_hash, language, chunker)
+        if row is None:
             return None
         chunks = [
             _chunk(r)
