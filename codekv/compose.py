@@ -26,7 +26,7 @@ from codekv.chunks import Chunk
 from codekv.conditioning import DEFAULT_CONDITIONING, GRAPH_TOKENS
 from codekv.conditioning import checked as checked_conditioning
 from codekv.eval.registry import workload_of
-from codekv.gate import GateRequest, SupportGate
+from codekv.gate import GateRequest, SupportGate, Verdict
 from codekv.selection import Segment, SelectionContext, TokenAnchor
 from codekv.selection import strategy as make_strategy
 from codekv.stores import default_holder, default_kv_store, default_scope, open_kv_store
@@ -392,10 +392,8 @@ class Composer:
         recomputing most."""
         verdicts = self._verdicts(request)
         if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
-            runnable = (name for name in DEFAULT_STRATEGIES
-                        if rule_refusal(self.backend, make_strategy(name)) is None)
-            return next(runnable, DEFAULT_STRATEGIES[-1]), DEFAULT_RATIO, None
-        chosen = max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
+            return default_rule(self.backend), DEFAULT_RATIO, None
+        chosen = recomputing_most(verdicts)
         return chosen.strategy, chosen.ratio or 0.0, chosen.conditioning
 
     def _refusal(self, request: Request, selection) -> str | None:
@@ -659,6 +657,19 @@ class Composer:
                       "path": chunk.path, "blob": chunk.blob_hash, "chunk": chunk.id,
                       "name": chunk.qualname}
         return RequestPiece(ids, identity, "code", chunk.id, anchors, provenance, chunk)
+
+
+def default_rule(backend: Backend) -> str:
+    """The first of ``DEFAULT_STRATEGIES`` the backend can run: what an experimental request
+    composes with where no evidence passed."""
+    runnable = (name for name in DEFAULT_STRATEGIES
+                if rule_refusal(backend, make_strategy(name)) is None)
+    return next(runnable, DEFAULT_STRATEGIES[-1])
+
+
+def recomputing_most(verdicts: list[Verdict]) -> Verdict:
+    """Of passing verdicts that name different rules, the one that recomputes most."""
+    return max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
 
 
 def query_probe_layers(n_layers: int) -> tuple[int, ...]:

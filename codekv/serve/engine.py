@@ -35,12 +35,13 @@ from codekv.compose import (
     AUTO,
     COMPOSED,
     DEFAULT_RATIO,
-    DEFAULT_STRATEGIES,
     EXACT_PREFIX,
     FULL_PREFILL,
     Composer,
     RequestPiece,
+    default_rule,
     query_probe_layers,
+    recomputing_most,
 )
 from codekv.eval.registry import workload_of
 from codekv.gate import GateRequest, SupportGate
@@ -303,10 +304,8 @@ class Engine:
             return self.strategy, DEFAULT_RATIO if self.ratio is None else self.ratio
         allowed = [v for v in verdicts if v.allowed and v.strategy]
         if not allowed:  # experimental, without evidence: the first default rule that runs
-            runnable = (name for name in DEFAULT_STRATEGIES
-                        if rule_refusal(self.backend, make_strategy(name)) is None)
-            return next(runnable, DEFAULT_STRATEGIES[-1]), DEFAULT_RATIO
-        chosen = max(allowed, key=lambda v: (v.ratio or 0.0, v.strategy))
+            return default_rule(self.backend), DEFAULT_RATIO
+        chosen = recomputing_most(allowed)
         return chosen.strategy, chosen.ratio or 0.0
 
     def _compose(self, composer: Composer, ids, n, prefix_kv, hits, after, outcome: Outcome):
