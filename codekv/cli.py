@@ -234,14 +234,11 @@ def gc(repo, store, budget):
     KV store, only the repository's scope is collected, and its entries of blobs that left the
     snapshot go only where no other codekv home has claimed the scope within a week.
     """
-    from codekv.stores import StoreUnavailable, default_holder, default_scope
+    from codekv.stores import StoreUnavailable, default_holder
 
     store, shared = _split_store(store)
     with _opened_index(repo, store, budget=budget) as idx:
-        try:
-            scope = default_scope(idx)  # a bad $CODEKV_SCOPE is refused before anything goes
-        except paths.SettingError as error:
-            raise click.ClickException(str(error)) from error
+        scope = _scope(idx)  # a bad $CODEKV_SCOPE is refused before anything goes
         removed = idx.gc()
         live = {file.blob_hash for file in idx.files()}
         root = idx.root
@@ -261,6 +258,16 @@ def gc(repo, store, budget):
     if others:
         console.print(f"{len(others)} other codekv home(s) used scope {scope!r} within a week: "
                       "their chunk KV stays (only leftovers were removed)", highlight=False)
+
+
+def _scope(idx) -> str:
+    """The index's chunk KV scope; a bad ``$CODEKV_SCOPE`` is a usage error."""
+    from codekv.stores import default_scope
+
+    try:
+        return default_scope(idx)
+    except paths.SettingError as error:
+        raise click.ClickException(str(error)) from error
 
 
 def _conditioning_option(function):
@@ -286,14 +293,10 @@ def _composer(repo, store, model, experimental, engine=TRANSFORMERS):
     """An up-to-date index of ``repo`` and a Composer over it with the loaded model."""
     from codekv.compose import Composer
     from codekv.models import ModelLoadError, load_backend
-    from codekv.stores import default_scope
 
     store, shared = _split_store(store)
     with _opened_index(repo, store) as idx:
-        try:
-            scope = default_scope(idx)  # a bad $CODEKV_SCOPE is refused before the model loads
-        except paths.SettingError as error:
-            raise click.ClickException(str(error)) from error
+        scope = _scope(idx)  # a bad $CODEKV_SCOPE is refused before the model loads
         try:
             with console.status("Loading the model..."):
                 backend = load_backend(model, engine=engine)
