@@ -15,6 +15,7 @@ from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
 from codekv.eval.methods import PARTIAL_STRATEGIES, PEERS, PRUNING_RULES, composition_methods
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.eval.registry import OTHER_REPOS, WORKLOADS
+from codekv.grammars import LANGUAGES
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -82,6 +83,8 @@ def canonical_command(config) -> str:
     if tuple(config.repos) != (QUICK_REPOS if config.quick else REPOS):
         for repo in config.repos:
             parts += ["--repo", shlex.quote(repo)]
+    for language in config.languages or ():
+        parts += ["--language", language]
     if config.prefix != AGENT_PROMPT:
         parts += ["--prefix", shlex.quote(config.prefix) if config.prefix else "none"]
     for workload in config.workloads:
@@ -120,6 +123,9 @@ def canonical_command(config) -> str:
               help="Repository for code-qa, repeatable; its tasks are split evenly: a path, "
                    "'stdlib', 'stdlib-quick' or 'package:NAME' (an installed package's source) "
                    "[stdlib and package:rich; --quick: stdlib-quick].")
+@click.option("--language", "languages", multiple=True, type=click.Choice(sorted(LANGUAGES)),
+              help="Draw code-qa tasks from this language's code only, repeatable [every "
+                   "language the repositories have].")
 @click.option("--prefix", default=None,
               help="System prompt before the chunks, or 'none' for requests without one "
                    "[a one-sentence agent prompt].")
@@ -186,7 +192,7 @@ def canonical_command(config) -> str:
 @click.option("--store", type=StoreParam(shared=True), default=None,
               help="Chunk KV store to use: a directory, or redis://[user:password@]host:port/db "
                    "or rediss://... (default: a temporary one, removed afterwards).")
-def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, strategies,
+def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, ratios, strategies,
                  conditioning, pruning,
                  budgets, pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens,
                  model, engine, quick, json_path, write_gate, confirm_gate, plots, min_tasks,
@@ -210,7 +216,7 @@ def eval_command(repos, prefix, checkpoint, workloads, tasks, seed, ratios, stra
 
     if prefix is not None and prefix.strip() == "none":
         prefix = ""  # no system prompt (None would mean the default one)
-    options = dict(repos=tuple(repos) or None, prefix=prefix,
+    options = dict(repos=tuple(repos) or None, languages=tuple(languages) or None, prefix=prefix,
                    workloads=tuple(workloads) or None, tasks=tasks, seed=seed,
                    ratios=_floats(ratios), strategies=_strategies(strategies),
                    conditioning=_names(conditioning, CONDITIONINGS, "conditionings"),

@@ -70,6 +70,8 @@ class EvalConfig:
     prefix: str = AGENT_PROMPT  # the system prompt before the chunks; "": none
     reorder: bool = True  # the full-reordered reference row
     checkpoint: str | None = None  # finished tasks' measures; an interrupted run resumes
+    # The languages code-qa draws from (--language); None: every language the repositories have.
+    languages: tuple[str, ...] | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
 
     @classmethod
@@ -85,6 +87,10 @@ class EvalConfig:
         data["ratios"], data["conditioning"] = list(self.ratios), list(self.conditioning)
         data["pruning"], data["budgets"] = list(self.pruning), list(self.budgets)
         data["peers"], data["repos"] = list(self.peers), list(self.repos)
+        if self.languages is None:  # as before --language: earlier checkpoints still resume
+            del data["languages"]
+        else:
+            data["languages"] = list(self.languages)
         return data
 
 
@@ -125,8 +131,10 @@ class EvalResult:
 
 def resolve_repo(spec: str) -> str:
     """A repository spec as a path: ``stdlib`` (this Python's standard library), ``stdlib-quick``
-    (a few of its modules), ``package:NAME`` (an installed package's source), else a path."""
-    from codekv.eval.repos import package_repo, quick_repo
+    (a few of its modules), ``package:NAME`` (an installed package's source), ``deb:PACKAGE``
+    (an installed Debian package's source files), ``npm:NAME@VERSION`` (an npm package's),
+    else a path."""
+    from codekv.eval.repos import deb_repo, npm_repo, package_repo, quick_repo
     from codekv.stdlib_repo import make_stdlib_repo
 
     if spec == "stdlib":
@@ -135,6 +143,10 @@ def resolve_repo(spec: str) -> str:
         return str(quick_repo())
     if spec.startswith("package:"):
         return str(package_repo(spec.removeprefix("package:")))
+    if spec.startswith("deb:"):
+        return str(deb_repo(spec.removeprefix("deb:")))
+    if spec.startswith("npm:"):
+        return str(npm_repo(spec.removeprefix("npm:")))
     return spec
 
 
@@ -206,7 +218,8 @@ def _indexed(spec: str, say):
         path = resolve_repo(spec)
     except ValueError as error:  # package:NAME of a package that is not installed
         raise preflight.EvalOptionError(f"--repo {spec}: {error}; expected a path, 'stdlib', "
-                                        "'stdlib-quick' or 'package:NAME'") from error
+                                        "'stdlib-quick', 'package:NAME', 'deb:PACKAGE' or "
+                                        "'npm:NAME@VERSION'") from error
     say(f"Indexing {path}")
     try:
         index = Index(path)
@@ -231,7 +244,8 @@ def _tasks(config: EvalConfig, indexes: dict, count, notes: list[str]) -> list:
             for i, (spec, index) in enumerate(indexes.items()):
                 share = config.tasks // len(indexes) + (i < config.tasks % len(indexes))
                 for task in generate(workload, share, config.seed, config.context_tokens, count,
-                                     index=index, max_query_tokens=config.max_query_tokens):
+                                     index=index, max_query_tokens=config.max_query_tokens,
+                                     languages=config.languages):
                     task.meta["repo"] = spec
                     if len(indexes) > 1:
                         task.id = f"{spec}/{task.id}"
@@ -361,8 +375,8 @@ def _reuse(config: EvalConfig, index, backend, count, entries: list[dict], say) 
         return None
     say("Simulating prefix vs composition reuse")
     ratio = next((e["ratio"] for e in entries if e["passed"]), 0.15)
-    return reuse.simulate(CodeSource(index, count), backend.tokenize, tasks=config.reuse_tasks,
-                          seed=config.seed, recompute_ratio=ratio)
+    return reuse.simulate(CodeSource(index, count, config.languages), backend.tokenize,
+                          tasks=config.reuse_tasks, seed=config.seed, recompute_ratio=ratio)
 
 
 def _throughput(config: EvalConfig, index, backend, count, own_backend: bool,
@@ -376,7 +390,7 @@ def _throughput(config: EvalConfig, index, backend, count, own_backend: bool,
         return []
     from codekv.eval import throughput
 
-    requests = throughput.session_requests(CodeSource(index, count), config.seed,
+    requests = throughput.session_requests(CodeSource(index, count, config.languages), config.seed,
                                            config.throughput_tasks)
     if not requests:
         notes.append("throughput: no file of the repository makes an agent session")

@@ -23,15 +23,21 @@ class Workload:
     # for indexed chunks): the gate licenses them by this workload's evidence.
     chunk_kind: str
     needs_index: bool = False  # draws from indexed repositories (``--repo``)
+    # Its tasks are code of a language each: the generator takes ``languages=`` (which ones
+    # to draw; ``--language``) and records each task's ``language``.
+    by_language: bool = False
     # Where held-out tasks come from: other repositories (OTHER_REPOS) or another seed.
     held_out_by: str = OTHER_SEED
 
     def generate(self, n: int, seed: int, context_tokens: int, count, index=None,
-                 max_query_tokens: int = 256) -> list:
+                 max_query_tokens: int = 256, languages: tuple[str, ...] | None = None) -> list:
         if self.needs_index and index is None:
             raise ValueError(f"{self.name} needs an index of a repository")
         module, _, function = self.generator.partition(":")
         make = getattr(importlib.import_module(module), function)
+        if self.by_language:
+            return make(n, seed, context_tokens, count, index, max_query_tokens,
+                        languages=languages)
         return make(n, seed, context_tokens, count, index, max_query_tokens)
 
 
@@ -55,6 +61,6 @@ def workload_of(chunk_kind: str) -> str:
 
 
 register(Workload("code-qa", "codekv.eval.workloads:code_qa_tasks", "code", needs_index=True,
-                  held_out_by=OTHER_REPOS))
+                  held_out_by=OTHER_REPOS, by_language=True))
 register(Workload("rag", "codekv.eval.workloads:rag_tasks", "passage"))
 register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", "tool-doc"))

@@ -194,14 +194,20 @@ def coverage(measures, tasks, model: dict) -> dict[str, dict]:
             lengths.setdefault(measure.workload, []).append(measure.context_tokens)
     out = {}
     for workload, counts in lengths.items():
-        languages = sorted({item.language for task in tasks if task.workload == workload
-                            for item in task.context if isinstance(item, Chunk)})
+        languages = sorted({language for task in tasks if task.workload == workload
+                            for language in _languages(task)})
         out[workload] = {
             "models": [{"fingerprint": model["fingerprint"], "name": model.get("name")}],
             "languages": languages if workload == CODE_WORKLOAD else None,
             "context_tokens": {"min": min(counts), "max": max(counts)},
             "source": "measured: the run's composed tasks"}
     return out
+
+
+def _languages(task) -> set[str]:
+    """The languages of a task's code: its own (the query's) and its context chunks'."""
+    own = {task.meta["language"]} if "language" in task.meta else set()
+    return own | {item.language for item in task.context if isinstance(item, Chunk)}
 
 
 def _now() -> str:

@@ -19,7 +19,6 @@ the workload and the seed, over inputs in a sorted order, so a seed always gives
 
 from __future__ import annotations
 
-import builtins
 import functools
 import random
 import re
@@ -31,6 +30,7 @@ from codekv.chunks import Chunk
 from codekv.compose import Passage
 from codekv.eval.registry import WORKLOADS
 from codekv.eval.tooldocs import ToolDoc, tool_docs
+from codekv.grammars import LANGUAGES, TaskSyntax
 
 FUNCTION_KINDS = ("function", "method")
 Counter = Callable[[str], int]
@@ -75,16 +75,20 @@ def length(context_tokens: int, rng: random.Random) -> int:
 
 
 def generate(workload: str, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
-             index=None, max_query_tokens: int = 256) -> list[Task]:
-    """``n`` tasks of a registered workload (``codekv.eval.registry``)."""
+             index=None, max_query_tokens: int = 256,
+             languages: tuple[str, ...] | None = None) -> list[Task]:
+    """``n`` tasks of a registered workload (``codekv.eval.registry``); ``languages``: which
+    languages' code a workload drawn by language takes (default: all the index has)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
-    return WORKLOADS[workload].generate(n, seed, context_tokens, count, index, max_query_tokens)
+    return WORKLOADS[workload].generate(n, seed, context_tokens, count, index, max_query_tokens,
+                                        languages)
 
 
 # -- the registered generators: (n, seed, context_tokens, count, index, max_query_tokens) ----
-def code_qa_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
-    return code_qa(index, n, seed, context_tokens, count, max_query_tokens)
+def code_qa_tasks(n, seed, context_tokens, count, index, max_query_tokens,
+                  languages=None) -> list[Task]:
+    return code_qa(index, n, seed, context_tokens, count, max_query_tokens, languages=languages)
 
 
 def rag_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
@@ -97,17 +101,25 @@ def tool_docs_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> 
 
 # -- code-qa ---------------------------------------------------------------------------------
 class CodeSource:
-    """The repository's Python chunks in a stable order, their text and their def-use links."""
+    """The repository's code chunks of ``languages`` (default: every language it has) in a
+    stable order, their text and their def-use links."""
 
-    def __init__(self, index, count: Counter):
+    def __init__(self, index, count: Counter, languages: tuple[str, ...] | None = None):
         self.index = index
         self.count = count
-        chunks = [c for c in index.chunks() if c.language == "python" and c.kind != "text"]
+        chunks = [c for c in index.chunks() if c.kind != "text" and c.language in LANGUAGES
+                  and (languages is None or c.language in languages)]
         self.chunks = sorted(chunks, key=lambda c: (c.path, c.start_byte, c.end_byte))
         self.by_id = {c.id: c for c in self.chunks}
+        self.by_language: dict[str, list[Chunk]] = {}
+        for chunk in self.chunks:
+            self.by_language.setdefault(chunk.language, []).append(chunk)
         self._files = {f.path: f for f in index.files()}
         self._reader = gitrepo.BlobReader(index.repo.path)
         self._tokens: dict[str, int] = {}
+
+    def languages(self) -> list[str]:
+        return sorted(self.by_language)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one source per evaluation
     def data(self, path: str) -> bytes:
@@ -129,15 +141,17 @@ class CodeSource:
                       key=lambda u: (u.start_byte, u.end_byte))
 
     def fill(self, required: list[Chunk], query_chunk: Chunk | None, context_tokens: int,
-             rng: random.Random) -> list[Chunk]:
-        """``required`` plus random distractors up to ``context_tokens``, in random order."""
+             rng: random.Random, language: str) -> list[Chunk]:
+        """``required`` plus random distractors of ``language`` (the task's) up to
+        ``context_tokens``, in random order."""
+        pool = self.by_language[language]
         items = list(required)
         total = sum(self.tokens(c) for c in items)
         chosen = {c.id for c in items}
         for _ in range(400):
             if total >= 0.9 * context_tokens:
                 break
-            candidate = self.chunks[rng.randrange(len(self.chunks))]
+            candidate = pool[rng.randrange(len(pool))]
             if candidate.id in chosen or _overlaps(candidate, query_chunk):
                 continue
             size = self.tokens(candidate)
@@ -157,9 +171,12 @@ def _overlaps(a: Chunk, b: Chunk | None) -> bool:
 
 
 def code_qa(index, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
-            max_query_tokens: int = 256, definition_share: float = 0.3) -> list[Task]:
+            max_query_tokens: int = 256, definition_share: float = 0.3,
+            languages: tuple[str, ...] | None = None) -> list[Task]:
+    """``n`` tasks from the functions of ``languages`` (default: every language the index
+    has); each task is written in its function's language and records it (``language``)."""
     rng = random.Random(f"code-qa:{seed}")
-    source = CodeSource(index, count)
+    source = CodeSource(index, count, languages)
     functions = [c for c in source.chunks if c.kind in FUNCTION_KINDS and c.part == 0]
     completions = [c for c in functions if source.uses(c)]
     definitions = [c for c in functions if any(a.kind in ("return", "call") for a in c.anchors)]
@@ -178,8 +195,14 @@ def code_qa(index, n: int, seed: int, context_tokens: int, count: Counter = appr
         if task is not None:
             used.add(chunk.id)
             task.id = f"code-qa-{seed}-{len(tasks)}"
+            task.meta["language"] = chunk.language
             tasks.append(task)
     return tasks
+
+
+def syntax(chunk: Chunk) -> TaskSyntax:
+    """How a task about ``chunk`` is written: its language's comments and names."""
+    return LANGUAGES[chunk.language].tasks
 
 
 def _line_bounds(data: bytes, start: int, end: int) -> tuple[int, int]:
@@ -201,6 +224,7 @@ def _related(source: CodeSource, chunk: Chunk, exclude: set[str], limit: int,
 def _completion_task(source: CodeSource, chunk: Chunk, context_tokens: int,
                      max_query_tokens: int, rng: random.Random) -> Task | None:
     data = source.data(chunk.path)
+    written = syntax(chunk)
     first_line = data.rfind(b"\n", 0, chunk.start_byte) + 1
     for use in source.uses(chunk):
         target = source.by_id[use.target]
@@ -209,24 +233,32 @@ def _completion_task(source: CodeSource, chunk: Chunk, context_tokens: int,
             continue
         line = data[start:end].decode("utf-8", "replace")
         stripped = line.strip()
-        if not 8 <= len(stripped) <= 100 or stripped.startswith(("#", "@")):
+        if not 8 <= len(stripped) <= 100 or stripped.startswith(written.skipped_lines):
             continue
         prefix = data[first_line:start].decode("utf-8", "replace")
         if use.name in prefix:
             continue  # seen before in the function: the query would give the answer away
-        query = f"# {chunk.path}\n{prefix}"
+        query = f"{written.line_comment(chunk.path)}\n{prefix}"
         if source.count(query) > max_query_tokens:
             return None  # later uses only make the query longer
         if source.tokens(target) > context_tokens // 2:
             continue
         related = _related(source, chunk, {target.id, chunk.id}, 2, context_tokens, rng)
-        context = source.fill([target, *related], chunk, length(context_tokens, rng), rng)
+        context = source.fill([target, *related], chunk, length(context_tokens, rng), rng,
+                              chunk.language)
         return Task("code-qa", "", "completion", context, query, line, item_name(chunk),
                     {"definition": item_name(target), "name": use.name})
     return None
 
 
-_CALLEE = re.compile(r"^[A-Za-z_][\w.]*$")
+_CALLEE = re.compile(r"^[A-Za-z_]\w*(?:(?:\.|::)[A-Za-z_]\w*)*$")
+
+
+def _returned(text: str) -> str:
+    """The expression of a one-line ``return EXPR`` (its statement's ``;`` left out), or ""."""
+    if not text.startswith("return ") or "\n" in text:
+        return ""
+    return text[len("return "):].strip().removesuffix(";").rstrip()
 
 
 def _definition_task(source: CodeSource, chunk: Chunk, context_tokens: int,
@@ -234,30 +266,34 @@ def _definition_task(source: CodeSource, chunk: Chunk, context_tokens: int,
     if source.tokens(chunk) > context_tokens // 2:
         return None
     data = source.data(chunk.path)
+    written = syntax(chunk)
+    name = written.qualified(chunk.qualname)
     defs = [a for a in chunk.anchors if a.kind == "def"]
     body = defs[0].end_byte if defs else chunk.start_byte
     questions = []
     returns = [a for a in chunk.anchors if a.kind == "return"]
     if len(returns) == 1:
-        text = data[returns[0].start_byte:returns[0].end_byte].decode("utf-8", "replace")
-        expr = text[len("return "):].strip() if text.startswith("return ") else ""
-        if "\n" not in text and 2 <= len(expr) <= 60:
-            questions.append(("returns", f"what does {chunk.qualname}() return?",
-                              f"{chunk.qualname}() returns", expr))
+        expr = _returned(data[returns[0].start_byte:returns[0].end_byte].decode("utf-8",
+                                                                                  "replace"))
+        if 2 <= len(expr) <= 60:
+            questions.append(("returns", f"what does {name}() return?", f"{name}() returns",
+                              expr))
     calls = sorted((a for a in chunk.anchors if a.kind == "call" and a.start_byte > body),
                    key=lambda a: a.start_byte)
     if calls:
         text = data[calls[0].start_byte:calls[0].end_byte].decode("utf-8", "replace")
         callee = text.split("(", 1)[0].strip()
-        if _CALLEE.match(callee) and 3 <= len(callee) <= 40 and callee not in vars(builtins):
-            questions.append(("calls", f"which function does {chunk.qualname}() call first?",
-                              f"{chunk.qualname}() first calls", callee))
+        if _CALLEE.match(callee) and 3 <= len(callee) <= 40 and callee not in written.builtins:
+            questions.append(("calls", f"which function does {name}() call first?",
+                              f"{name}() first calls", callee))
     if not questions:
         return None
     kind, question, lead, answer = questions[rng.randrange(len(questions))]
-    query = f"# Question: in {chunk.path}, {question}\n# Answer: {lead}"
+    query = (written.line_comment(f"Question: in {chunk.path}, {question}") + "\n"
+             + written.line_comment(f"Answer: {lead}"))
     related = _related(source, chunk, {chunk.id}, 2, context_tokens, rng)
-    context = source.fill([chunk, *related], None, length(context_tokens, rng), rng)
+    context = source.fill([chunk, *related], None, length(context_tokens, rng), rng,
+                          chunk.language)
     return Task("code-qa", "", kind, context, query, " " + answer, item_name(chunk),
                 {"definition": item_name(chunk)})
 

@@ -23,6 +23,7 @@ of milliseconds, which per file would dominate indexing).
 
 from __future__ import annotations
 
+import builtins
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,27 @@ from codekv.grammars.modules import (
     PythonModules,
     RustModules,
 )
+
+
+@dataclass(frozen=True)
+class TaskSyntax:
+    """How code-QA tasks (``codekv.eval.workloads``) are written in a language: their question
+    lines are its line comments, qualified names are written its way, and lines that are no
+    code to complete (comments, decorators, preprocessor lines) are skipped."""
+
+    comment: str = "//"
+    # How a member is written after its owner: ``Owner.name`` or ``Owner::name``.
+    scope: str = "."
+    # Line starts that are no completion: comments, annotations/decorators, preprocessor.
+    skipped_lines: tuple[str, ...] = ("//", "/*", "*", "@")
+    # Callees that are the language's own, not the repository's: no question about them.
+    builtins: frozenset[str] = frozenset()
+
+    def line_comment(self, text: str) -> str:
+        return f"{self.comment} {text}"
+
+    def qualified(self, qualname: str) -> str:
+        return qualname.replace(".", self.scope)
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,8 @@ class LanguageSpec:
     # The directory of its query files (a ``Path`` or a package resource); default: this
     # package's ``queries``.
     queries: object | None = field(default=None, compare=False)
+    # How code-QA tasks drawn from its files are written.
+    tasks: TaskSyntax = field(default=TaskSyntax(), compare=False)
 
 
 def _node_name(node) -> str | None:
@@ -251,6 +275,7 @@ PYTHON = LanguageSpec(
     class_types=frozenset({"class_definition"}),
     wrapper_types=frozenset({"decorated_definition"}),
     modules=PythonModules(),
+    tasks=TaskSyntax("#", skipped_lines=("#", "@"), builtins=frozenset(vars(builtins))),
 )
 
 # Function and class values count as definitions where the chunker meets them: a declarator
@@ -310,6 +335,12 @@ TSX = LanguageSpec(
     query_files=("typescript", "ecmascript", "jsx"),
 )
 
+# Go's predeclared functions (the language specification's "Built-in functions").
+GO_BUILTINS = frozenset({
+    "append", "cap", "clear", "close", "complex", "copy", "delete", "imag", "len", "make",
+    "max", "min", "new", "panic", "print", "println", "real", "recover",
+})
+
 GO = LanguageSpec(
     name="go",
     extensions=(".go",),
@@ -321,6 +352,7 @@ GO = LanguageSpec(
     owner_of=_go_receiver,
     members_of=_go_interface,
     modules=GoModules(),
+    tasks=TaskSyntax(builtins=GO_BUILTINS),
 )
 
 RUST = LanguageSpec(
@@ -334,6 +366,7 @@ RUST = LanguageSpec(
     comment_types=frozenset({"line_comment", "block_comment", "attribute_item"}),
     name_of=_rust_name,
     modules=RustModules(),
+    tasks=TaskSyntax(scope="::", skipped_lines=("//", "/*", "*", "#[", "#!")),
 )
 
 JAVA = LanguageSpec(
@@ -357,6 +390,9 @@ _C_TRANSPARENT = frozenset({"preproc_if", "preproc_ifdef", "preproc_else", "prep
                             "preproc_elifdef", "linkage_specification", "declaration_list",
                             "ERROR"})
 
+# Comments and preprocessor lines (``#include``, ``#define``) are no code to complete.
+C_SKIPPED_LINES = ("//", "/*", "*", "#")
+
 C = LanguageSpec(
     name="c",
     extensions=(".c", ".h"),
@@ -370,6 +406,7 @@ C = LanguageSpec(
     name_of=_c_name,
     modules=C_MODULES,
     query_files=("c", "c_family"),
+    tasks=TaskSyntax(skipped_lines=C_SKIPPED_LINES),
 )
 
 CPP = LanguageSpec(
@@ -387,6 +424,7 @@ CPP = LanguageSpec(
     owner_of=_cpp_owner,
     modules=C_MODULES,
     query_files=("cpp", "c_family"),
+    tasks=TaskSyntax(scope="::", skipped_lines=C_SKIPPED_LINES),
 )
 
 def _query_names(spec: LanguageSpec) -> tuple[str, ...]:
