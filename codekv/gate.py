@@ -173,7 +173,7 @@ class SupportGate:
         self.problems = [entry_problems(entry) for entry in self.entries]
         for number, others in _duplicates(self.entries, self.problems).items():
             self.problems[number].append(
-                "it is for the same engine, model and workload as entr"
+                "it is for the same engine, model, workload and languages as entr"
                 + ("y " if len(others) == 1 else "ies ") + ", ".join(map(str, others))
                 + ": which of them holds is unknown, so none licenses")
 
@@ -258,6 +258,7 @@ class SupportGate:
         if not matching:
             return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")
         others = []  # the models of entries measured on other models
+        ours = []  # valid entries for this model: one per set of languages
         for entry, problems in matching:
             covers = entry.get("covers")
             models = covers.get("models") if isinstance(covers, dict) else None
@@ -267,7 +268,9 @@ class SupportGate:
                 continue
             if problems:
                 return self._invalid(f"the entry for {pair}", problems)
-            return self._judged(entry, pair, request)
+            ours.append(entry)
+        if ours:
+            return self._judged(_for_languages(ours, request), pair, request)
         return Verdict(False, f"unsupported: the {pair} evidence is for " + "; ".join(others)
                               + f"; this model is another {family} model (fingerprint "
                               f"{request.fingerprint[:12]}): evidence licenses the model it "
@@ -311,9 +314,32 @@ def _coverage(entry: dict) -> Coverage | None:
     return covered.within(Coverage.of(held_out)) if held_out is not None else covered
 
 
+def entry_languages(entry: dict) -> frozenset[str] | None:
+    """The languages an entry's evidence covers; None where it names none (a workload without
+    code, or an entry that does not say what it covers): then it stands for every language."""
+    covers = entry.get("covers")
+    languages = covers.get("languages") if isinstance(covers, dict) else None
+    return frozenset(languages) if isinstance(languages, list) else None
+
+
+def languages_overlap(a: frozenset[str] | None, b: frozenset[str] | None) -> bool:
+    """Whether entries covering ``a`` and ``b`` could both speak for one request."""
+    return a is None or b is None or bool(a & b)
+
+
+def _for_languages(entries: list[dict], request: GateRequest | None) -> dict:
+    """Of one model's entries (one per set of languages), the one for ``request``'s code: the
+    one covering most of its languages (the first where none does, so the verdict names what
+    is missing)."""
+    if request is None or len(entries) == 1:
+        return entries[0]
+    return max(entries, key=lambda e: len(request.languages & (entry_languages(e) or set())))
+
+
 def _duplicates(entries: list, problems: list[list[str]]) -> dict[int, list[int]]:
-    """Valid entries for the same engine, family, model and workload, each with the numbers
-    of the others: a file holding two verdicts for one request says nothing reliable."""
+    """Valid entries for the same engine, family, model and workload whose languages overlap,
+    each with the numbers of the others: a file holding two verdicts for one request says
+    nothing reliable. Entries for disjoint languages (python, go) are one per language."""
     by_key: dict[tuple, list[int]] = {}
     for number, (entry, wrong) in enumerate(zip(entries, problems)):
         if wrong:
@@ -326,9 +352,12 @@ def _duplicates(entries: list, problems: list[list[str]]) -> dict[int, list[int]
             by_key.setdefault(key, []).append(number)
     out: dict[int, list[int]] = {}
     for numbers in by_key.values():
-        for number in numbers if len(numbers) > 1 else ():
-            out.setdefault(number, [])
-            out[number] += [n + 1 for n in numbers if n != number and n + 1 not in out[number]]
+        for number in numbers:
+            clashing = [n for n in numbers if n != number and languages_overlap(
+                entry_languages(entries[n]), entry_languages(entries[number]))]
+            if clashing:
+                out.setdefault(number, [])
+                out[number] += [n + 1 for n in clashing if n + 1 not in out[number]]
     return out
 
 

@@ -430,6 +430,52 @@ HAND = {
     "app.py": ("from util import helper\n\n\ndef run(value):\n    doubled = value * 2\n"
                "    return helper(doubled)\n"),
 }
+# HAND in each other language the index parses: a helper in one file, used by ``run`` in
+# another (Java's class and Rust's impl are over the byte budget, so their methods are chunks
+# of their own).
+_JAVA_PADDING = "".join(
+    f"\n    /** Scales {name} by {factor}. */\n    int {name}(int value) {{\n"
+    f"        return value * {factor};\n    }}\n" for name, factor in
+    (("twice", 2), ("thrice", 3), ("fourfold", 4), ("fivefold", 5), ("sixfold", 6)))
+_RUST_PADDING = "".join(
+    f"\n    /// Scales n by {factor}.\n    pub fn {name}(&self) -> i32 {{\n"
+    f"        self.n * {factor}\n    }}\n" for name, factor in
+    (("twice", 2), ("thrice", 3), ("fourfold", 4), ("fivefold", 5), ("sixfold", 6),
+     ("sevenfold", 7), ("eightfold", 8)))
+HAND_BY_LANGUAGE = {
+    "go": {"util.go": "package app\n\nfunc helper(x int) int {\n\treturn x + 1\n}\n",
+           "app.go": ("package app\n\nfunc run(value int) int {\n\tdoubled := value * 2\n"
+                      "\treturn helper(doubled)\n}\n")},
+    "rust": {"src/util.rs": ("pub fn helper(x: i32) -> i32 {\n    return x + 1;\n}\n\n"
+                             "pub struct Counter {\n    pub n: i32,\n}\n\nimpl Counter {\n"
+                             "    pub fn get(&self) -> i32 {\n        return self.n;\n    }\n"
+                             + _RUST_PADDING + "}\n"),
+             "src/main.rs": ("mod util;\nuse crate::util::helper;\n\nfn run(value: i32) -> i32 {\n"
+                             "    let doubled = value * 2;\n    return helper(doubled);\n}\n")},
+    "java": {"src/geo/Util.java": ("package geo;\n\nclass Util {\n    static int helper(int x) {\n"
+                                   "        return x + 1;\n    }\n}\n"),
+             "src/geo/App.java": ("package geo;\n\nclass App {\n    int run(int value) {\n"
+                                  "        int doubled = value * 2;\n"
+                                  "        return Util.helper(doubled);\n    }\n"
+                                  + _JAVA_PADDING + "}\n")},
+    "c": {"util.h": "int helper(int x);\n",
+          "util.c": '#include "util.h"\n\nint helper(int x) {\n    return x + 1;\n}\n',
+          "app.c": ('#include "util.h"\n\nint run(int value) {\n    int doubled = value * 2;\n'
+                    "    return helper(doubled);\n}\n")},
+    "cpp": {"util.hpp": "namespace geo {\nstruct Box {\n    int get() const;\n    int n;\n};\n}\n",
+            "util.cpp": ('#include "util.hpp"\n\nint geo::Box::get() const {\n'
+                         "    return n + 1;\n}\n"),
+            "app.cpp": ('#include "util.hpp"\n\nint run(geo::Box box) {\n'
+                        "    int doubled = box.n * 2;\n    return box.get() + doubled;\n}\n")},
+    "javascript": {"util.js": "export function helper(x) {\n  return x + 1;\n}\n",
+                   "app.js": ('import { helper } from "./util.js";\n\n'
+                              "export function run(value) {\n  const doubled = value * 2;\n"
+                              "  return helper(doubled);\n}\n")},
+    "typescript": {"util.ts": "export function helper(x: number): number {\n  return x + 1;\n}\n",
+                   "app.ts": ('import { helper } from "./util";\n\n'
+                              "export function run(value: number): number {\n"
+                              "  const doubled = value * 2;\n  return helper(doubled);\n}\n")},
+}
 # A few standard-library modules: real code to draw evaluation tasks from, quick to index.
 STDLIB_FILES = ("fnmatch.py", "genericpath.py", "glob.py", "posixpath.py", "shlex.py")
 

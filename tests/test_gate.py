@@ -318,8 +318,8 @@ def test_a_second_entry_for_one_engine_model_and_workload_licenses_neither():
     assert gate.problems[2] == []  # another model: not a duplicate
     for number, other in ((0, 2), (1, 1)):
         assert gate.problems[number] == [
-            f"it is for the same engine, model and workload as entry {other}: which of them "
-            "holds is unknown, so none licenses"]
+            f"it is for the same engine, model, workload and languages as entry {other}: which "
+            "of them holds is unknown, so none licenses"]
     verdict = gate.verdict("llama", "code-qa", request=_asked())
     assert not verdict.allowed and "is invalid: it is for the same engine" in verdict.reason
     assert gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL)).allowed

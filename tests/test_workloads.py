@@ -4,7 +4,7 @@ from a repository, passages (RAG) and tool documentation."""
 from __future__ import annotations
 
 import pytest
-from conftest import HAND, STDLIB_FILES, indexed
+from conftest import HAND, HAND_BY_LANGUAGE, STDLIB_FILES, indexed
 
 from codekv.compose import Passage
 from codekv.eval import workloads
@@ -38,6 +38,86 @@ def test_definition_question_is_answered_by_the_code(git_repo):
     assert helper.answer == " x + 1"
     run = by_source["app.py::run"]  # two returns-free questions: its one call comes first
     assert (run.kind, run.answer) in {("calls", " helper"), ("returns", " helper(doubled)")}
+
+
+# Hand-checked against HAND_BY_LANGUAGE: the query after the file's header, the answer line.
+COMPLETIONS = {
+    "go": ("func run(value int) int {\n\tdoubled := value * 2\n", "\treturn helper(doubled)",
+           "util.go::helper"),
+    "rust": ("fn run(value: i32) -> i32 {\n    let doubled = value * 2;\n",
+             "    return helper(doubled);", "src/util.rs::helper"),
+    "java": ("    int run(int value) {\n        int doubled = value * 2;\n",
+             "        return Util.helper(doubled);", "src/geo/Util.java::Util"),
+    "c": ("int run(int value) {\n    int doubled = value * 2;\n", "    return helper(doubled);",
+          "util.c::helper"),
+    "cpp": ("int run(geo::Box box) {\n    int doubled = box.n * 2;\n",
+            "    return box.get() + doubled;", "util.cpp::geo.Box.get"),
+    "javascript": ("export function run(value) {\n  const doubled = value * 2;\n",
+                   "  return helper(doubled);", "util.js::helper"),
+    "typescript": ("export function run(value: number): number {\n  const doubled = value * 2;\n",
+                   "  return helper(doubled);", "util.ts::helper"),
+}
+
+
+@pytest.mark.parametrize("language", sorted(COMPLETIONS))
+def test_a_completion_in_each_language_is_written_in_its_comments(git_repo, language):
+    index = indexed(git_repo, HAND_BY_LANGUAGE[language])
+    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, definition_share=0.0)
+    body, answer, definition = COMPLETIONS[language]
+    path = task.source.split("::")[0]
+    assert task.kind == "completion" and task.meta["language"] == language
+    assert task.query == f"// {path}\n{body}" and task.answer == answer
+    assert task.meta["definition"] == definition and definition in task.context_names()
+    assert {c.language for c in task.context} == {language}
+
+
+# (language, the function asked about, its question's subject, the returned expression)
+RETURNS = [
+    ("go", "util.go::helper", "helper()", "x + 1"),
+    ("rust", "src/util.rs::Counter.get", "Counter::get()", "self.n"),  # no `;` in the answer
+    ("java", "src/geo/App.java::App.twice", "App.twice()", "value * 2"),
+    ("c", "util.c::helper", "helper()", "x + 1"),
+    ("cpp", "util.cpp::geo.Box.get", "geo::Box::get()", "n + 1"),
+    ("javascript", "util.js::helper", "helper()", "x + 1"),
+    ("typescript", "util.ts::helper", "helper()", "x + 1"),
+]
+
+
+@pytest.mark.parametrize(("language", "source", "subject", "returned"), RETURNS)
+def test_a_definition_question_in_each_language_names_it_that_language_s_way(
+        git_repo, language, source, subject, returned):
+    index = indexed(git_repo, HAND_BY_LANGUAGE[language])
+    tasks = workloads.code_qa(index, 12, seed=0, context_tokens=400, definition_share=1.0)
+    asked = {t.source: t for t in tasks if t.kind == "returns"}
+    task = asked[source]
+    path = source.split("::")[0]
+    assert task.query == (f"// Question: in {path}, what does {subject} return?\n"
+                          f"// Answer: {subject} returns")
+    assert task.answer == " " + returned and task.meta["language"] == language
+
+
+def test_go_s_own_functions_are_no_call_question(git_repo):
+    index = indexed(git_repo, {"util.go": ("package app\n\nfunc size(items []int) int {\n"
+                                           "\treturn len(items)\n}\n\n"
+                                           "func total(items []int) int {\n"
+                                           "\treturn size(items) * 2\n}\n")})
+    tasks = workloads.code_qa(index, 6, seed=0, context_tokens=400, definition_share=1.0)
+    calls = {t.source: t.answer for t in tasks if t.kind == "calls"}
+    assert "util.go::size" not in calls  # its first call is len, Go's own
+    assert calls.get("util.go::total", " size") == " size"
+
+
+def test_language_selects_the_code_tasks_are_drawn_from(git_repo):
+    files = {**HAND, **HAND_BY_LANGUAGE["go"]}
+    index = indexed(git_repo, files)
+    both = workloads.code_qa(index, 12, seed=0, context_tokens=400)
+    assert {t.meta["language"] for t in both} == {"python", "go"}
+    for languages in (("go",), ("python",)):
+        tasks = workloads.code_qa(index, 12, seed=0, context_tokens=400, languages=languages)
+        assert tasks and {t.meta["language"] for t in tasks} == set(languages)
+        for task in tasks:  # the context is the task's language too
+            assert {c.language for c in task.context} == set(languages)
+    assert workloads.code_qa(index, 4, seed=0, context_tokens=400, languages=("rust",)) == []
 
 
 def test_code_qa_is_deterministic_and_answers_occur_in_the_source(stdlib_index, git_repo):

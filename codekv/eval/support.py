@@ -25,7 +25,13 @@ from codekv.backends.engines import TRANSFORMERS
 from codekv.chunks import Chunk
 from codekv.eval.measures import ResultRow
 from codekv.eval.methods import GATE_STRATEGIES
-from codekv.gate import CODE_WORKLOAD, UnreadableSupportFile, read_support_text
+from codekv.gate import (
+    CODE_WORKLOAD,
+    UnreadableSupportFile,
+    entry_languages,
+    languages_overlap,
+    read_support_text,
+)
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
                  "decisive_agreement", "near_ties", "edit_similarity", "score_drop",
@@ -145,6 +151,11 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
         candidates = set(evidence_passed(entry))
         if _pair(entry) != (run["engine"], family, entry.get("workload")) or not candidates:
             continue
+        covered = run["covers"].get(entry["workload"]) or {}
+        ran = covered.get("languages")
+        if not languages_overlap(entry_languages(entry), None if ran is None else frozenset(ran)):
+            continue  # an entry for other languages than these tasks'
+
         ours = [r for r in rows
                 if r.workload == entry["workload"] and r.method in candidates]
         if not ours:
@@ -195,7 +206,7 @@ def coverage(measures, tasks, model: dict) -> dict[str, dict]:
     out = {}
     for workload, counts in lengths.items():
         languages = sorted({language for task in tasks if task.workload == workload
-                            for language in _languages(task)})
+                            for language in _task_languages(task)})
         out[workload] = {
             "models": [{"fingerprint": model["fingerprint"], "name": model.get("name")}],
             "languages": languages if workload == CODE_WORKLOAD else None,
@@ -204,7 +215,7 @@ def coverage(measures, tasks, model: dict) -> dict[str, dict]:
     return out
 
 
-def _languages(task) -> set[str]:
+def _task_languages(task) -> set[str]:
     """The languages of a task's code: its own (the query's) and its context chunks'."""
     own = {task.meta["language"]} if "language" in task.meta else set()
     return own | {item.language for item in task.context if isinstance(item, Chunk)}
@@ -226,16 +237,17 @@ def support_document(entries: list[dict], command: str, model: dict, config: dic
                      previous: dict | None = None) -> dict:
     """The support file for this run's ``entries``, each stamped with the command that measured
     it. With ``previous`` (the file being replaced) measured on the same model, its entries for
-    pairs this run did not evaluate are kept with their own commands, so workloads can be
-    evaluated by separate runs; entries of another model are dropped, never mixed in."""
+    pairs this run did not evaluate (or evaluated on other languages: a go entry beside a
+    python one) are kept with their own commands, so workloads and languages can be evaluated
+    by separate runs; entries of another model are dropped, never mixed in."""
     created = _now()
     entries = [{**entry, "generated_by": command, "created": created} for entry in entries]
     if previous and _fingerprint(previous.get("model")) == _fingerprint(model):
-        evaluated = {_pair(entry) for entry in entries}
         kept = [{**entry,
                  "generated_by": entry.get("generated_by", previous.get("generated_by")),
                  "created": entry.get("created", previous.get("created"))}
-                for entry in previous.get("entries", []) if _pair(entry) not in evaluated]
+                for entry in previous.get("entries", [])
+                if not any(_same_request(entry, new) for new in entries)]
         entries = kept + entries
     return {
         "format": 1,
@@ -275,6 +287,12 @@ def _fingerprint(model) -> str | None:
 
 def _pair(entry: dict) -> tuple:
     return (entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload"))
+
+
+def _same_request(a: dict, b: dict) -> bool:
+    """Whether entries ``a`` and ``b`` would speak for the same requests: one pair, and
+    languages that overlap (``codekv.gate``: one entry per model and set of languages)."""
+    return _pair(a) == _pair(b) and languages_overlap(entry_languages(a), entry_languages(b))
 
 
 def write_json(path: str | Path, data: dict) -> None:
