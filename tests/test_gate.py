@@ -327,6 +327,28 @@ def test_a_second_entry_for_one_engine_model_and_workload_licenses_neither():
     assert SupportGate([CODE, on_llamacpp], "t").problems == [[], []]
 
 
+def test_entries_for_disjoint_languages_each_license_their_own():
+    go = covering({**CODE, "strategy": "boundary", "ratio": 0.25}, SMOLLM, languages=["go"],
+                  max_tokens=2048)
+    gate = SupportGate([CODE, go], "t")
+    assert gate.problems == [[], []]
+    assert gate.verdict("llama", "code-qa", request=_asked()).strategy == "query"
+    assert gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).strategy == \
+        "boundary"
+    mixed = gate.verdict("llama", "code-qa", request=_asked(languages=["go", "python"]))
+    assert not mixed.allowed and "no evidence for go code (it covers python)" in mixed.reason
+    assert "no evidence for rust code (it covers python)" in gate.verdict(
+        "llama", "code-qa", request=_asked(languages=["rust"])).reason
+    overlapping = covering(CODE, SMOLLM, languages=["go", "python"], max_tokens=2048)
+    assert SupportGate([CODE, go, overlapping], "t").problems == [
+        ["it is for the same engine, model, workload and languages as entry 3: which of them "
+         "holds is unknown, so none licenses"],
+        ["it is for the same engine, model, workload and languages as entry 3: which of them "
+         "holds is unknown, so none licenses"],
+        ["it is for the same engine, model, workload and languages as entries 1, 2: which of "
+         "them holds is unknown, so none licenses"]]
+
+
 @pytest.mark.parametrize(("covers", "why"), [
     ("all", 'covers "all" is not an object'),
     ({"models": []}, "covers.models [] is not a list of models, each with a fingerprint"),

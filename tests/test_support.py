@@ -126,6 +126,39 @@ def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path)
     assert [entry["workload"] for entry in other["entries"]] == ["rag"]
 
 
+def test_an_entry_for_other_languages_is_kept_beside_this_one(tmp_path):
+    """A go run adds a go entry beside the python one for the same pair and model; a second
+    go run replaces the go entry only (one entry per model and set of languages)."""
+    model = {"family": "llama", "fingerprint": "m1"}
+
+    def entry(languages, delta):
+        [made] = gate_entries([fake_row("query@0.15", delta=delta, workload="code-qa")], "llama")
+        return {**made, "covers": {**COVERS["code-qa"], "languages": languages}}
+
+    python = support_document([entry(["python"], 0.01)], "codekv eval --repo stdlib", model, {})
+    both = support_document([entry(["go"], 0.02)], "codekv eval --language go", model, {},
+                            python)
+    assert [(e["covers"]["languages"], e["generated_by"]) for e in both["entries"]] == [
+        (["python"], "codekv eval --repo stdlib"), (["go"], "codekv eval --language go")]
+    assert SupportGate(both["entries"], "t").problems == [[], []]
+    again = support_document([entry(["go"], 0.03)], "codekv eval --language go --seed 1", model,
+                             {}, both)
+    assert [(e["covers"]["languages"], e["measured"]["delta_nll"]) for e in again["entries"]] \
+        == [(["python"], 0.01), (["go"], 0.03)]
+
+
+def test_held_out_tasks_confirm_only_the_entry_for_their_languages():
+    document = evidence_document([fake_row("query@0.15", workload="code-qa")])
+    [python] = document["entries"]
+    go = {**python, "covers": {**python["covers"], "languages": ["go"]}}
+    document["entries"].append(go)
+    go_run = HELD_OUT | {"covers": {"code-qa": {**COVERS["code-qa"], "languages": ["go"]}}}
+    assert confirm_entries(document, [fake_row("query@0.15")], "llama", go_run) == [
+        "llama/code-qa: confirmed on held-out tasks with query@0.15"]
+    assert "held_out" not in python and go["held_out"]["passed"] is True
+    assert go["held_out"]["covers"]["languages"] == ["go"]
+
+
 HELD_OUT = {"command": "codekv eval --repo package:click ...", "engine": "transformers",
             "repos": ["package:click"], "seed": 0, "seconds": 1.0, "machine": {},
             "covers": COVERS}
