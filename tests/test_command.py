@@ -4,6 +4,7 @@ of a support file on held-out tasks, and the quick run end to end."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 import pygit2
@@ -233,6 +234,20 @@ def test_the_command_reproduces_repositories_and_the_system_prompt():
     assert EvalConfig.quick_config().repos == ("stdlib-quick",)
 
 
+def test_the_command_reproduces_the_languages_tasks_are_drawn_from():
+    from codekv.eval.harness import EvalConfig
+
+    assert "--language" not in command.canonical_command(EvalConfig())
+    assert "languages" not in EvalConfig().as_json()  # earlier checkpoints still resume
+    chosen = EvalConfig(repos=("deb:golang-github-spf13-cobra-dev",), languages=("go",))
+    line = command.canonical_command(chosen)
+    assert "--repo deb:golang-github-spf13-cobra-dev --language go " in line
+    params = command.eval_command.make_context("eval", shlex.split(line)[2:]).params
+    assert params["languages"] == ("go",) and chosen.as_json()["languages"] == ["go"]
+    assert "Invalid value for '--language': 'cobol' is not one of" in refused(
+        ["--quick", "--language", "cobol"])
+
+
 @pytest.fixture
 def no_model(monkeypatch):
     """Fails the command if it loads a model: what it refuses, it refuses before that."""
@@ -287,6 +302,15 @@ def test_a_repository_without_tasks_is_refused_before_the_model_loads(no_model, 
                           (str(plain), f"--repo {plain}: {plain} is not inside a git "
                            "repository; expected a git repository")):
         assert message in refused(["--quick", "--workload", "code-qa", "--repo", repo])
+
+
+def test_a_repository_without_code_of_the_language_is_refused_before_the_model_loads(
+        no_model, git_repo, byte_counter):
+    git_repo.commit(HAND)
+    assert (f"--repo {git_repo.root}: {git_repo.root} has no go, rust code (it has python); "
+            "expected a repository with code of --language") in refused(
+        ["--quick", "--workload", "code-qa", "--repo", str(git_repo.root), "--language", "go",
+         "--language", "rust"])
 
 
 def test_a_checkpoint_that_is_not_one_is_refused_before_the_model_loads(no_model, tmp_path):

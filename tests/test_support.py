@@ -191,6 +191,16 @@ def test_coverage_is_what_the_composed_tasks_measured(git_repo):
     assert SupportGate(entries, "t").problems == [[], []]  # the gate reads what eval writes
 
 
+def test_coverage_counts_each_task_s_own_language(git_repo):
+    """A task's language is its query's, measured per task: covered even where no context
+    chunk is of that language."""
+    chunks = [c for c in indexed(git_repo, HAND).chunks() if c.kind != "text"]
+    task = workloads.Task("code-qa", "a", "completion", chunks, "", "", "", {"language": "go"})
+    covers = coverage([fake_measure("query@0.15", 0.0, 1.0, "code-qa", task="a")], [task],
+                      {"fingerprint": "f1", "name": None})
+    assert covers["code-qa"]["languages"] == ["go", "python"]
+
+
 def test_held_out_tasks_confirm_the_cheapest_strategy_that_passes_them_too():
     """query-cost passed the evidence and is cheaper, but misses a bound on held-out tasks;
     query passed both, so it becomes the rule (the decision session 6 made by hand)."""

@@ -96,6 +96,13 @@ def test_a_definition_question_in_each_language_names_it_that_language_s_way(
     assert task.answer == " " + returned and task.meta["language"] == language
 
 
+def test_a_crlf_file_s_answer_ends_with_its_line(git_repo):
+    files = {name: text.replace("\n", "\r\n") for name, text in HAND_BY_LANGUAGE["go"].items()}
+    index = indexed(git_repo, files)
+    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, definition_share=0.0)
+    assert task.answer == "\treturn helper(doubled)"
+
+
 def test_go_s_own_functions_are_no_call_question(git_repo):
     index = indexed(git_repo, {"util.go": ("package app\n\nfunc size(items []int) int {\n"
                                            "\treturn len(items)\n}\n\n"

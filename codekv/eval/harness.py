@@ -201,7 +201,7 @@ def _indexes(config: EvalConfig, say) -> dict:
     indexes = {}
     try:
         for spec in config.repos:
-            indexes[spec] = _indexed(spec, say)
+            indexes[spec] = _indexed(spec, say, config.languages)
     except BaseException:
         for opened in indexes.values():
             opened.close()
@@ -209,8 +209,9 @@ def _indexes(config: EvalConfig, say) -> dict:
     return indexes
 
 
-def _indexed(spec: str, say):
-    """The repository ``spec`` indexed; refused when it cannot give tasks (no code)."""
+def _indexed(spec: str, say, languages: tuple[str, ...] | None = None):
+    """The repository ``spec`` indexed; refused when it cannot give tasks (no code, or none
+    of ``languages``)."""
     from codekv.gitrepo import NotARepositoryError
     from codekv.index import Index
 
@@ -230,6 +231,14 @@ def _indexed(spec: str, say):
         index.close()
         raise preflight.EvalOptionError(f"--repo {spec}: {path} has no code codekv indexes "
                                         "(0 chunks); expected a repository with source files")
+    if languages:
+        present = sorted({c.language for c in index.chunks() if c.kind != "text"})
+        if not set(languages) & set(present):
+            index.close()
+            raise preflight.EvalOptionError(
+                f"--repo {spec}: {path} has no {', '.join(languages)} code (it has "
+                f"{', '.join(present) or 'none'}); expected a repository with code of "
+                "--language")
     return index
 
 

@@ -17,6 +17,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -65,13 +66,15 @@ def package_repo(package: str, dest: Path | None = None) -> Path:
 
 # Test code is left out: the tasks are about a project's own code, as with ``package_repo``.
 _TEST_DIRS = frozenset({"test", "tests", "testdata", "__tests__", "__pycache__", "node_modules"})
+# Source archives a package may ship instead of a tree (``shutil.unpack_archive`` formats).
+_ARCHIVES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".zip")
 _TEST_FILE = re.compile(r"(_test\.go|\.(test|spec)\.[cm]?[jt]sx?|\.min\.js)$")
 
 
-def source_files(files: list[Path]) -> dict[str, Path]:
+def source_files(files: list[Path], name: str | None = None) -> dict[str, Path]:
     """``files`` the index parses, tests and minified bundles left out, by repository path:
-    their path under the directory holding them all, that directory's name first
-    (``cobra/command.go``)."""
+    their path under the directory holding them all, after ``name`` (default: that
+    directory's name: ``cobra/command.go``)."""
     kept = [f for f in files if language_for_path(f.name) is not None and f.is_file()
             and not _TEST_FILE.search(f.name)]
     if not kept:
@@ -79,30 +82,43 @@ def source_files(files: list[Path]) -> dict[str, Path]:
     root = Path(os.path.commonpath([f.parent for f in kept]))
     out = {}
     for path in sorted(kept):
-        relative = PurePosixPath(root.name, path.relative_to(root).as_posix())
+        relative = PurePosixPath(name or root.name, path.relative_to(root).as_posix())
         if not _TEST_DIRS & set(relative.parts):
             out[relative.as_posix()] = path
     return out
 
 
 def deb_repo(package: str, dest: Path | None = None) -> Path:
-    """A git repository of the source files an installed Debian package ships, made once per
-    package version under the codekv home."""
-    query = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package],
-                           capture_output=True, text=True)
+    """A git repository of the source files an installed Debian package ships (or, where it
+    ships none, of the source archives it ships: ``bsh-src``), made once per package version
+    under the codekv home."""
+    try:
+        query = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package],
+                               capture_output=True, text=True)
+    except FileNotFoundError as error:
+        raise ValueError(f"deb:{package} needs dpkg-query, which is not installed (a Debian "
+                         "system)") from error
     status, _, version = query.stdout.partition("\t")
     if query.returncode or not status.endswith(" installed"):
         raise ValueError(f"the Debian package {package!r} is not installed (apt-get install "
                          f"{package}; benchmarks/sources.sh installs the evaluation's)")
     listing = subprocess.run(["dpkg-query", "-L", package], capture_output=True, text=True,
                              check=True).stdout.splitlines()
-    sources = source_files([Path(line) for line in listing if line.startswith("/")])
-    if not sources:
-        raise ValueError(f"the Debian package {package!r} ships no source file the index "
-                         "parses")
+    shipped = [Path(line) for line in listing if line.startswith("/")]
     if dest is None:
         dest = paths.private_dir(paths.home() / "repos") / f"deb-{package}-{_safe(version)}"
-    return committed_copy(Path(dest), sources, f"{package} {version}")
+    if (Path(dest) / ".git").is_dir():
+        return Path(dest)
+    with tempfile.TemporaryDirectory() as unpacked:
+        sources = source_files(shipped)
+        if not sources:  # a source package that ships its tree as an archive (bsh-src)
+            for archive in (f for f in shipped if f.name.endswith(_ARCHIVES) and f.is_file()):
+                shutil.unpack_archive(archive, Path(unpacked) / archive.name)
+            sources = source_files(sorted(Path(unpacked).rglob("*")), package)
+        if not sources:
+            raise ValueError(f"the Debian package {package!r} ships no source file the index "
+                             "parses")
+        return committed_copy(Path(dest), sources, f"{package} {version}")
 
 
 def npm_repo(spec: str, dest: Path | None = None) -> Path:
@@ -121,7 +137,7 @@ def npm_repo(spec: str, dest: Path | None = None) -> Path:
         _npm_pack(f"{name}@{version}", tarball)
     with tempfile.TemporaryDirectory() as unpacked, tarfile.open(tarball) as archive:
         archive.extractall(unpacked, filter="data")
-        sources = source_files(sorted(Path(unpacked).rglob("*")))
+        sources = source_files(sorted(Path(unpacked).rglob("*")), name.rpartition("/")[2])
         if not sources:
             raise ValueError(f"the npm package {name}@{version} ships no source file the "
                              "index parses")

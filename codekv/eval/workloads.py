@@ -231,7 +231,8 @@ def _completion_task(source: CodeSource, chunk: Chunk, context_tokens: int,
         start, end = _line_bounds(data, use.start_byte, use.end_byte)
         if start <= first_line or end > chunk.end_byte or _overlaps(target, chunk):
             continue
-        line = data[start:end].decode("utf-8", "replace")
+        # The line without its end: a CRLF file's "\r" is no part of the answer.
+        line = data[start:end].decode("utf-8", "replace").removesuffix("\r")
         stripped = line.strip()
         if not 8 <= len(stripped) <= 100 or stripped.startswith(written.skipped_lines):
             continue
