@@ -1,11 +1,14 @@
 """Evaluation workloads, generated reproducibly from a seed out of material no one here wrote.
 
-- ``code-qa``: from a git repository (default: the standard library). Cross-chunk completion: a
-  function using a name defined in another chunk (from the def-use graph); the context holds
-  the defining chunk, related chunks and distractors in random order; the query is the
+- ``code-qa``: from a git repository (default: the standard library), in every language the
+  index parses (``languages`` narrows it). Cross-chunk completion: a function using a name
+  defined in another chunk (from the def-use graph); the context holds the defining chunk,
+  related chunks and distractors of the function's language in random order; the query is the
   function up to the line using the name (the name not yet seen in it); the answer is that
   line. Plus definition questions answered by exact strings of the code: what a function
-  returns, which call comes first in it.
+  returns, which call comes first in it. Each task is written in its language's line comments
+  and names (``LanguageSpec.tasks``: ``// Question: ... Counter::get()``) and records its
+  ``language``.
 - ``rag``: the Python documentation's topic pages (``pydoc_data.topics``) cut into passages;
   the question quotes the start of a sentence of one passage, the answer is how it goes on.
 - ``tool-docs``: ``--help`` of standard-library command lines; the question describes an
