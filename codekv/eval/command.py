@@ -121,7 +121,9 @@ def canonical_command(config) -> str:
 @click.command("eval")
 @click.option("--repo", "repos", multiple=True,
               help="Repository for code-qa, repeatable; its tasks are split evenly: a path, "
-                   "'stdlib', 'stdlib-quick' or 'package:NAME' (an installed package's source) "
+                   "'stdlib', 'stdlib-quick', 'package:NAME' (an installed package's source), "
+                   "'deb:PACKAGE' (an installed Debian package's sources) or "
+                   "'npm:NAME@VERSION' (an npm package's, fetched with npm pack) "
                    "[stdlib and package:rich; --quick: stdlib-quick].")
 @click.option("--language", "languages", multiple=True, type=click.Choice(sorted(LANGUAGES)),
               help="Draw code-qa tasks from this language's code only, repeatable [every "

@@ -63,7 +63,6 @@ def package_repo(package: str, dest: Path | None = None) -> Path:
     return committed_copy(Path(dest), sources, f"{package} {version}")
 
 
-
 # Test code is left out: the tasks are about a project's own code, as with ``package_repo``.
 _TEST_DIRS = frozenset({"test", "tests", "testdata", "__tests__", "__pycache__", "node_modules"})
 # Source archives a package may ship instead of a tree (``shutil.unpack_archive`` formats).
