@@ -442,11 +442,13 @@ def prefill(repo, model, limit, prefix, conditioning, engine, store):
 
 @main.command()
 @click.option("--file", "path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="A support file [$CODEKV_SUPPORT, else the one shipped with codekv].")
+              help="One support file alone [$CODEKV_SUPPORT, else the one shipped with codekv; "
+                   "each with the user file that codekv qualify writes in the codekv home].")
 @click.option("--json", "as_json", is_flag=True, help="Print the pairs as one JSON object.")
 def support(path, as_json):
     """Where composition runs: each evaluated (engine, family, workload) pair, its verdict and
-    rule, and the evidence and held-out runs behind it."""
+    rule, the evidence and held-out runs behind it, and the file it is in (the user file's
+    entries win for the models they were measured on)."""
     from codekv.eval.report import ci
     from codekv.gate import SupportGate
 
@@ -458,13 +460,13 @@ def support(path, as_json):
         click.echo(json.dumps(_finite({"source": gate.source, "pairs": pairs}), allow_nan=False))
         return
     table = Table(title=f"support gate ({escape(gate.source)})")
-    for name in ("pair", "requests", "rule", "model", "languages", "contexts", "ΔNLL evidence",
-                 "ΔNLL held out"):
+    for name in ("pair", "file", "requests", "rule", "model", "languages", "contexts",
+                 "ΔNLL evidence", "ΔNLL held out"):
         table.add_column(name, no_wrap=True)
     for pair in pairs:
         held_out = pair["held_out"] or {"measured": {}}
-        table.add_row(escape(pair["pair"]),
-                      "[green]composed[/green]" if pair["supported"] else "[red]full prefill[/red]",
+        table.add_row(escape(pair["pair"]), _file_shown(pair),
+                      _requests_shown(pair),
                       _rule_shown(pair), *_covers_shown(pair["covers"]),
                       *(ci(m.get("delta_nll"), m.get("delta_nll_ci"), "+.3f")
                         if not pair["problems"] else "-"
@@ -480,6 +482,24 @@ def support(path, as_json):
             wide.print(f"  covers {models}", highlight=False, markup=False)
     wide.print("Pairs not listed have no evidence: their requests fall back to full prefill. An "
                "entry licenses only the models, code languages and context lengths it covers.")
+
+
+def _file_shown(pair: dict) -> str:
+    """Which file an entry is in: the user's, the shipped one, or the named file's name (the
+    table's title names it whole)."""
+    from codekv.gate import SHIPPED
+
+    if pair["user_file"]:
+        return "user"
+    return "shipped" if pair["file"] == SHIPPED else escape(Path(pair["file"]).name)
+
+
+def _requests_shown(pair: dict) -> str:
+    if pair["supported"]:
+        return "[green]composed[/green]"
+    if pair["reason"].startswith("superseded"):  # the user file's entry rules its model
+        return "[yellow]by the user file[/yellow]"
+    return "[red]full prefill[/red]"
 
 
 def _covers_shown(covers: dict | None) -> tuple[str, str, str]:

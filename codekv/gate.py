@@ -162,27 +162,65 @@ class Verdict:
 
 
 class SupportGate:
-    """The entries of one support file. ``error`` says why the file could not be read (then
-    there are no entries and every verdict carries it)."""
+    """The entries of a support file, and of the user's (``codekv qualify``'s) beside it.
+
+    ``user_entries`` come first and win for their models: a request is judged by the first
+    entry measured on its model, so the user file's entry for a model governs it, and the
+    other file's entries still govern every other model. ``error`` says why a file could not
+    be read (then there are no entries and every verdict carries it)."""
 
     def __init__(self, entries: list | None = None, source: str = "none",
-                 error: str | None = None):
-        self.entries = entries or []
-        self.source = source
+                 error: str | None = None, user_entries: list | None = None,
+                 user_source: str | None = None):
+        base, user = entries or [], user_entries or []
+        self.entries = [*user, *base]
+        self.files = [user_source] * len(user) + [source] * len(base)  # each entry's file
+        self.numbers = [*range(1, len(user) + 1), *range(1, len(base) + 1)]  # in its file
+        self.from_user = [True] * len(user) + [False] * len(base)
+        self.source = f"{user_source} (user) + {source}" if user_source else source
         self.error = error
         self.problems = [entry_problems(entry) for entry in self.entries]
-        for number, others in _duplicates(self.entries, self.problems).items():
-            self.problems[number].append(
-                "it is for the same engine, model, workload and languages as entr"
-                + ("y " if len(others) == 1 else "ies ") + ", ".join(map(str, others))
-                + ": which of them holds is unknown, so none licenses")
+        for offset, group in ((0, user), (len(user), base)):
+            problems = self.problems[offset:offset + len(group)]
+            for number, others in _duplicates(group, problems).items():
+                self.problems[offset + number].append(
+                    "it is for the same engine, model, workload and languages as entr"
+                    + ("y " if len(others) == 1 else "ies ") + ", ".join(map(str, others))
+                    + ": which of them holds is unknown, so none licenses")
+        self.superseded = [[] for _ in user] + [
+            _superseded(entry, problems, user, self.problems[:len(user)])
+            for entry, problems in zip(base, self.problems[len(user):])]
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SupportGate:
-        """The support file at ``path``, ``$CODEKV_SUPPORT``, else the one shipped with codekv.
+        """The support file at ``path`` alone; else ``$CODEKV_SUPPORT`` or the one shipped
+        with codekv, with the user's (``codekv.paths.user_support_file``) beside it.
 
-        Never raises for a bad file: the gate then licenses nothing and ``error`` says why.
+        Never raises for a bad file: the gate then licenses nothing and ``error`` says why
+        (a bad user file too: it never silently leaves the shipped file alone in charge).
         """
+        base = cls._load_one(path)
+        if path or base.error:
+            return base
+        from codekv import paths
+
+        try:
+            user_path = paths.user_support_file()
+        except paths.SettingError as error:
+            return cls([], base.source, f"cannot find the user support file: {error}")
+        if not os.path.lexists(user_path):
+            return base
+        user = cls._load_one(user_path, "user support file")
+        if user.error:
+            return cls([], f"{user_path} (user) + {base.source}",
+                       f"{user.error}; it was left as it is: repair it, or move it away (codekv "
+                       "qualify writes a new one)")
+        return cls(base.entries, base.source, user_entries=user.entries,
+                   user_source=user.source)
+
+    @classmethod
+    def _load_one(cls, path: str | Path | None = None,
+                  what: str = "support file") -> SupportGate:
         named, path = path, path or os.environ.get(SUPPORT_ENV)
         if path:
             source = str(path)
@@ -190,7 +228,7 @@ class SupportGate:
             try:
                 text = read_support_text(path)
             except UnreadableSupportFile as error:
-                return cls([], source, f"cannot read the support file {where}: {error}")
+                return cls([], source, f"cannot read the {what} {where}: {error}")
         else:
             shipped = resources.files("codekv").joinpath("data", "support.json")
             if not shipped.is_file():
@@ -198,7 +236,7 @@ class SupportGate:
             text, source, where = shipped.read_text(), SHIPPED, SHIPPED
         entries, problem = _document_entries(text)
         if problem:
-            return cls([], source, f"cannot read the support file {where}: {problem}")
+            return cls([], source, f"cannot read the {what} {where}: {problem}")
         return cls(entries, source)
 
     def pairs(self) -> list[dict]:
@@ -206,22 +244,32 @@ class SupportGate:
         where its evidence and held-out confirmation came from: what ``codekv support`` shows.
         An invalid entry is listed with its ``problems`` and licenses nothing."""
         out = []
-        for number, (entry, problems) in enumerate(zip(self.entries, self.problems), 1):
+        for entry, problems, number, file, user_file, superseded in zip(
+                self.entries, self.problems, self.numbers, self.files, self.from_user,
+                self.superseded):
             fields = entry if isinstance(entry, dict) else {}
             engine = fields.get("backend", TRANSFORMERS)
             held_out = fields.get("held_out") if isinstance(fields.get("held_out"), dict) else {}
             named = isinstance(fields.get("family"), str) and isinstance(fields.get("workload"),
                                                                           str)
             name = _pair_name(fields) if named else f"entry {number}"
-            verdict = (self._invalid(f"the entry for {name}" if named else name, problems)
+            verdict = (self._invalid(f"the entry for {name}" if named else name, problems,
+                                     file)
                        if problems else self._judged(fields, name))
             covered = None if problems else _coverage(fields)
+            if covered and superseded and set(covered.models) <= set(superseded):
+                verdict = Verdict(False, f"superseded: the user file's entry for {name} on "
+                                  "this model governs its requests")
             out.append({
                 "pair": name, "engine": engine, "family": fields.get("family"),
                 "workload": fields.get("workload"), "supported": verdict.allowed,
                 "reason": (fields.get("reason") or verdict.reason) if verdict.allowed
                 else verdict.reason,
                 "problems": problems,
+                # the file it is in, and the models whose requests the user file's entries
+                # govern instead (a shipped entry's, where the user qualified the same model)
+                "file": file, "user_file": user_file,
+                "superseded_for": superseded,
                 # what composes, or what passed its evidence; an invalid entry names nothing
                 "method": None if problems else fields.get("method"),
                 "closest": None if problems else fields.get("closest"),  # of a failed one
@@ -251,7 +299,8 @@ class SupportGate:
         pair = _pair_name({"family": family, "workload": workload, "backend": engine})
         if self.error:
             return Verdict(False, f"unsupported: {self.error}")
-        matching = [(entry, problems) for entry, problems in zip(self.entries, self.problems)
+        matching = [(entry, problems, file, superseded) for entry, problems, file, superseded
+                    in zip(self.entries, self.problems, self.files, self.superseded)
                     if isinstance(entry, dict) and entry.get("family") == family
                     and entry.get("workload") == workload
                     and entry.get("backend", TRANSFORMERS) == engine]
@@ -259,7 +308,7 @@ class SupportGate:
             return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")
         others = []  # the models of entries measured on other models
         ours = []  # valid entries for this model: one per set of languages
-        for entry, problems in matching:
+        for entry, problems, file, superseded in matching:
             covers = entry.get("covers")
             models = covers.get("models") if isinstance(covers, dict) else None
             if (request is not None and _models_valid(models)
@@ -267,7 +316,9 @@ class SupportGate:
                 others.append(_models_shown({m["fingerprint"]: m.get("name") for m in models}))
                 continue
             if problems:
-                return self._invalid(f"the entry for {pair}", problems)
+                return self._invalid(f"the entry for {pair}", problems, file)
+            if request is not None and request.fingerprint in superseded:
+                continue  # the user file's entry for this model and these languages rules
             ours.append(entry)
         if ours:
             return self._judged(_for_languages(ours, request), pair, request)
@@ -299,8 +350,9 @@ class SupportGate:
         return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"),
                        entry.get("conditioning"))
 
-    def _invalid(self, entry: str, problems: list[str]) -> Verdict:
-        return Verdict(False, f"unsupported: {entry} in {self.source} is invalid: "
+    @staticmethod
+    def _invalid(entry: str, problems: list[str], file: str) -> Verdict:
+        return Verdict(False, f"unsupported: {entry} in {file} is invalid: "
                               + "; ".join(problems))
 
 
@@ -334,6 +386,26 @@ def _for_languages(entries: list[dict], request: GateRequest | None) -> dict:
     if request is None or len(entries) == 1:
         return entries[0]
     return max(entries, key=lambda e: len(request.languages & (entry_languages(e) or set())))
+
+
+def _superseded(entry, problems: list[str], user: list, user_problems: list[list[str]]
+                ) -> list[str]:
+    """The models of a (shipped) ``entry`` whose requests an entry of the user file governs
+    instead: one for the same engine, family and workload, measured on the model too, whose
+    languages overlap this entry's (a user entry for go leaves a python entry in force)."""
+    if problems or not isinstance(entry, dict) or entry.get("covers") is None:
+        return []
+    key, languages = _pair(entry), entry_languages(entry)
+    theirs = {m["fingerprint"] for other, wrong in zip(user, user_problems)
+              if isinstance(other, dict) and not wrong and _pair(other) == key
+              and other.get("covers") is not None
+              and languages_overlap(entry_languages(other), languages)
+              for m in other["covers"]["models"]}
+    return [m["fingerprint"] for m in entry["covers"]["models"] if m["fingerprint"] in theirs]
+
+
+def _pair(entry: dict) -> tuple:
+    return entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload")
 
 
 def _duplicates(entries: list, problems: list[list[str]]) -> dict[int, list[int]]:

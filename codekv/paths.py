@@ -75,6 +75,15 @@ def home() -> Path:
     return private_dir(Path(cache) / "codekv")
 
 
+USER_SUPPORT_FILE = "support.json"
+
+
+def user_support_file() -> Path:
+    """The user's support file (written by ``codekv qualify``): the gate reads it beside the
+    shipped one, and its entries win for the models they were measured on."""
+    return home() / USER_SUPPORT_FILE
+
+
 def private_dir(path: Path) -> Path:
     """A directory of codekv's own: each missing level is created 0700; an existing one is
     left as it is."""

@@ -42,7 +42,7 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
     from codekv.eval.harness import EvalConfig
 
     document = evidence_document([fake_row("query@0.15"), fake_row("hybrid@0.15", workload="rag")])
-    check = command._check_held_out
+    check = command.check_held_out
     fresh = dict(tasks=100, strategies=("query@0.15", "hybrid@0.15"))
     check(document, EvalConfig(workloads=("code-qa",), repos=("package:click",), **fresh))
     check(document, EvalConfig(workloads=("rag",), seed=1, **fresh))
@@ -94,7 +94,7 @@ def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path
                              measures=[fake_measure("query@0.15", 0.0, 1.0, "code-qa")],
                              tasks=[workloads.Task("code-qa", "t", "completion", chunks, "", "",
                                                    "")])
-    lines = command._confirm(path, result, config, "codekv eval --repo package:click ...")
+    lines = command.confirm(path, result, config, "codekv eval --repo package:click ...")
     assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
                      "query@0.15"]
     [entry] = read_support_document(path)["entries"]
@@ -113,7 +113,7 @@ def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path
     other = SimpleNamespace(**{**vars(result), "model": {"family": "llama", "fingerprint": "m2"}})
     written = path.read_text()
     with pytest.raises(click.ClickException, match="measured on another model"):
-        command._confirm(path, other, config, "codekv eval ...")
+        command.confirm(path, other, config, "codekv eval ...")
     assert path.read_text() == written
 
 

@@ -502,3 +502,90 @@ def test_a_model_the_evidence_was_not_measured_on_is_refused_by_auto(git_repo, t
     report = compose()
     assert report["status"] == "composed", report["fallback_reason"]
     assert (report["strategy"], report["ratio"]) == ("query", 0.15)
+
+
+# -- the user's support file (``codekv qualify`` writes it) beside the shipped one -----------
+
+SHIPPED_FILE = Path(__file__).parent.parent / "codekv" / "data" / "support.json"
+
+
+def _user_file(entries) -> Path:
+    from codekv import paths
+    from codekv.eval.support import write_json
+
+    path = paths.user_support_file()
+    write_json(path, {"format": 1, "entries": entries})
+    return path
+
+
+def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_others():
+    theirs = _code_entry(TEST_MODEL) | {"strategy": "boundary", "ratio": 0.25,
+                                        "method": "boundary@0.25"}
+    _user_file([theirs])
+    gate = SupportGate.load()
+    licensed = gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL))
+    assert licensed.allowed and (licensed.strategy, licensed.ratio) == ("boundary", 0.25)
+    default = gate.verdict("llama", "code-qa", request=_asked())  # the shipped entry's rule
+    assert default.allowed and (default.strategy, default.ratio) == ("query", 0.15)
+    assert not gate.verdict("llama", "code-qa", request=_asked("7" * 32)).allowed
+    # a refusal in the user file refuses its model, even the default one the shipped file
+    # licenses; the shipped entry is shown as superseded for it
+    failed = {**_code_entry(SMOLLM), "passed": False, "strategy": None, "ratio": None,
+              "method": None, "reason": "no strategy meets the thresholds"}
+    _user_file([theirs, failed])
+    gate = SupportGate.load()
+    refused = gate.verdict("llama", "code-qa", request=_asked())
+    assert refused == type(refused)(False, "unsupported: llama/code-qa failed its evaluation")
+    assert gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL)).allowed
+    shown = {(pair["user_file"], pair["covers"]["models"][0]["fingerprint"]): pair
+             for pair in gate.pairs() if pair["workload"] == "code-qa"}
+    shipped = shown[False, SMOLLM]
+    assert shipped["file"] == "codekv/data/support.json" and shipped["superseded_for"] == [SMOLLM]
+    assert not shipped["supported"] and shipped["reason"].startswith("superseded")
+    assert shown[True, TEST_MODEL]["supported"] and not shown[True, SMOLLM]["supported"]
+    # duplicates are judged within a file: the user's entry for SmolLM2 is not one of the
+    # shipped entry's
+    assert gate.problems == [[]] * len(gate.entries)
+    # a named file is read alone
+    assert SupportGate.load(_user_file([theirs])).source.endswith("support.json")
+    assert not SupportGate.load(SHIPPED_FILE).verdict(
+        "llama", "code-qa", request=_asked(TEST_MODEL)).allowed
+
+
+def test_a_corrupt_user_file_is_a_clear_error_that_loses_nothing(codekv_home):
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    path = _user_file([])
+    path.write_text('{"format": 1, "entries": [')
+    gate = SupportGate.load()
+    assert gate.entries == [] and gate.error.startswith(
+        f"cannot read the user support file {path}: not JSON")
+    assert "it was left as it is: repair it, or move it away" in gate.error
+    refused = gate.verdict("llama", "code-qa", request=_asked())  # not the shipped file alone
+    assert not refused.allowed and refused.reason == f"unsupported: {gate.error}"
+    result = CliRunner().invoke(main, ["support"])
+    assert result.exit_code == 1 and "cannot read the user support file" in result.output
+    assert "Traceback" not in result.output
+    assert path.read_text() == '{"format": 1, "entries": ['
+
+
+def test_support_shows_the_entries_of_both_files_and_where_each_is(codekv_home):
+    import json
+
+    from click.testing import CliRunner
+
+    from codekv.cli import main
+
+    path = _user_file([_code_entry(TEST_MODEL)])
+    result = CliRunner().invoke(main, ["support", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["source"] == f"{path} (user) + codekv/data/support.json"
+    files = [(pair["pair"], pair["file"], pair["user_file"]) for pair in data["pairs"]]
+    assert files[0] == ("llama/code-qa", str(path), True)
+    assert {file for _, file, user in files[1:]} == {"codekv/data/support.json"}
+    assert len(files) == 1 + len(SupportGate.load(SHIPPED_FILE).entries)
+    text = CliRunner().invoke(main, ["support"]).stdout
+    assert "user" in text and "shipped" in text

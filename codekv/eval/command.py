@@ -208,9 +208,7 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
     from codekv.eval.support import (
         SupportFileError,
         Thresholds,
-        coverage,
         read_support_document,
-        support_document,
         write_json,
     )
     from codekv.models import ModelLoadError
@@ -246,15 +244,13 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
         if write_gate:
             read_support_document(write_gate)  # a file it would not replace: refuse now
         if confirm_gate:
-            _check_held_out(read_support_document(confirm_gate, "--confirm-gate"), config)
+            check_held_out(read_support_document(confirm_gate, "--confirm-gate"), config)
         result = _run_with_progress(config, evaluate)
     except (ModelLoadError, StoreSpecError, checkpoints.CheckpointError, SupportFileError,
             EvalOptionError) as error:
         raise click.ClickException(str(error)) from error
     notes = list(result.notes)
-    covers = coverage(result.measures, result.tasks, result.model)
-    for entry in result.gate:  # what each verdict was measured on: all the gate licenses
-        entry["covers"] = covers.get(entry["workload"])
+    stamp_covers(result)
     if plots:
         made = report.plot(result.rows, result.measures, plots)
         if isinstance(made, str):
@@ -266,28 +262,42 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
         data = result.as_json()
         data["command"] = command
         write_json(json_path, data)
-    if write_gate:
-        try:
-            previous = read_support_document(write_gate)
-        except SupportFileError as error:
-            raise click.ClickException(str(error)) from error
-        document = support_document(result.gate, command, result.model,
-                                    {**config.as_json(), "seconds": round(result.seconds, 1),
-                                     "resumed_tasks": result.resumed_tasks,
-                                     "machine": result.machine}, previous)
-        write_json(write_gate, document)
-        kept = len(document["entries"]) - len(result.gate)
-        notes.append(f"support file written: {write_gate}"
-                     + (f" (kept {kept} entries of other workloads from earlier runs)"
-                        if kept else ""))
-    if confirm_gate:
-        try:
-            notes.extend(_confirm(confirm_gate, result, config, command))
-        except SupportFileError as error:
-            raise click.ClickException(str(error)) from error
+    try:
+        if write_gate:
+            notes.append(record_gate(write_gate, result, config, command))
+        if confirm_gate:
+            notes.extend(confirm(confirm_gate, result, config, command))
+    except SupportFileError as error:
+        raise click.ClickException(str(error)) from error
     report.print_report(console, result.rows, result.gate, result.reuse, notes,
                         result.throughput, result.comparisons)
     console.print(f"{len(result.tasks)} tasks in {result.seconds:.0f}s; reproduce with: {command}")
+
+
+def stamp_covers(result) -> None:
+    """Record on each of ``result``'s verdicts what it was measured on: all the gate licenses."""
+    from codekv.eval.support import coverage
+
+    covers = coverage(result.measures, result.tasks, result.model)
+    for entry in result.gate:
+        entry["covers"] = covers.get(entry["workload"])
+
+
+def record_gate(path: Path, result, config, command: str) -> str:
+    """Write ``result``'s verdicts (``stamp_covers`` first) as the support file at ``path``,
+    keeping the same model's entries of other workloads; the line to report. Raises
+    ``SupportFileError`` for a file there that is not a support file (it is left as it is)."""
+    from codekv.eval.support import read_support_document, support_document, write_json
+
+    previous = read_support_document(path)
+    document = support_document(result.gate, command, result.model,
+                                {**config.as_json(), "seconds": round(result.seconds, 1),
+                                 "resumed_tasks": result.resumed_tasks,
+                                 "machine": result.machine}, previous)
+    write_json(path, document)
+    kept = len(document["entries"]) - len(result.gate)
+    return (f"support file written: {path}"
+            + (f" (kept {kept} entries of other workloads from earlier runs)" if kept else ""))
 
 
 def _run_with_progress(config, evaluate):
@@ -338,7 +348,7 @@ def _evidence_tasks(command_line: str) -> tuple[tuple[str, ...], int]:
     return tuple(repos), params["seed"]
 
 
-def _check_held_out(document: dict | None, config) -> None:
+def check_held_out(document: dict | None, config) -> None:
     """Refuse, before any model loads, a confirmation that could not confirm anything: no
     passing entry for these workloads, none of its passing strategies in this run, or tasks
     drawn where its evidence was drawn."""
@@ -376,7 +386,7 @@ def _check_held_out(document: dict | None, config) -> None:
                                    "held-out tasks need another --seed")
 
 
-def _confirm(path: Path, result, config, command: str) -> list[str]:
+def confirm(path: Path, result, config, command: str) -> list[str]:
     """Write the held-out verdicts into the support file at ``path``; the lines to report."""
     from codekv.eval.support import (
         confirm_entries,
@@ -386,7 +396,7 @@ def _confirm(path: Path, result, config, command: str) -> list[str]:
     )
 
     document = read_support_document(path, "--confirm-gate")  # as it is now, not before
-    _check_held_out(document, config)
+    check_held_out(document, config)
     theirs = (document.get("model") or {}).get("fingerprint")
     if theirs != result.model.get("fingerprint"):
         raise click.ClickException(f"{path} was measured on another model ({theirs}); this run's "
