@@ -528,6 +528,13 @@ def _register_eval() -> None:
     main.add_command(eval_command)
 
 
+def _register_qualify() -> None:
+    """``codekv qualify`` lives in codekv.eval.qualify_command (torch loads only when run)."""
+    from codekv.eval.qualify_command import qualify_command
+
+    main.add_command(qualify_command)
+
+
 def _register_serve() -> None:
     """``codekv serve`` lives in codekv.serve.command (its server stack loads when run)."""
     from codekv.serve.command import serve_command
@@ -536,4 +543,5 @@ def _register_serve() -> None:
 
 
 _register_eval()
+_register_qualify()
 _register_serve()

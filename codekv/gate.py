@@ -330,6 +330,9 @@ class SupportGate:
     @staticmethod
     def _judged(entry: dict, pair: str, request: GateRequest | None = None) -> Verdict:
         """A valid entry's verdict (for ``request``, when given)."""
+        if entry.get("trial"):
+            return Verdict(False, f"unsupported: {pair} is from a trial run, not evidence: "
+                                  + "; ".join(entry["trial"]))
         if not entry["passed"]:
             return Verdict(False, f"unsupported: {pair} failed its evaluation")
         held_out = entry.get("held_out") or {}
@@ -469,8 +472,10 @@ def entry_problems(entry) -> list[str]:
     ``passed`` and ``held_out.passed`` (booleans); ``strategy``, ``ratio`` and ``conditioning``
     (the rule requests compose with: a registered rule this engine runs, a share above 0 unless
     the rule is ratio-free, a registered conditioning), required once the entry licenses;
-    ``method``, the rule's label, must then name that rule; and what ``codekv support`` shows
-    (texts, and ``measured`` numbers that are finite).
+    ``method``, the rule's label, must then name that rule; ``trial`` (why a ``codekv
+    qualify`` run with thresholds below the gate's is no evidence: such an entry licenses
+    nothing); and what ``codekv support`` shows (texts, and ``measured`` numbers that are
+    finite).
     """
     if not isinstance(entry, dict):
         return [f"an entry must be an object, not {_shown(entry)}"]
@@ -500,6 +505,10 @@ def entry_problems(entry) -> list[str]:
     problems += _covers_problems("held_out.covers", held_out.get("covers"), workload)
     for key in ("model", "method", "closest", "reason", "generated_by", "created"):
         problems += _text_problem(key, entry.get(key))
+    trial = entry.get("trial")  # why a run was a trial (``codekv qualify``): it licenses nothing
+    if trial is not None and not (isinstance(trial, list)
+                                  and all(isinstance(why, str) for why in trial)):
+        problems.append(f"trial {_shown(trial)} is not a list of texts")
     for key in ("generated_by", "created"):
         problems += _text_problem(f"held_out.{key}", held_out.get(key))
     problems += _measured_problems("measured", entry.get("measured"))

@@ -49,9 +49,10 @@ def make_stdlib_repo(dest: Path | None = None, limit: int | None = None) -> Path
     return committed_copy(Path(dest), sources, "standard library")
 
 
-def committed_copy(dest: Path, sources: dict[str, Path], message: str) -> Path:
-    """``dest`` as a git repository of ``sources`` (repository path -> file), made once:
-    built under a staging name and renamed, so an interrupted build is never taken as made."""
+def committed_copy(dest: Path, sources: dict[str, Path | bytes], message: str) -> Path:
+    """``dest`` as a git repository of ``sources`` (repository path -> a file, or its bytes),
+    made once: built under a staging name and renamed, so an interrupted build is never taken
+    as made."""
     if (dest / ".git").is_dir():
         return dest
     staging = dest.with_name(dest.name + ".partial")
@@ -63,7 +64,9 @@ def committed_copy(dest: Path, sources: dict[str, Path], message: str) -> Path:
     # Copying is system calls (sendfile): threads overlap them; staging holds only the copies,
     # so one add_all stages them all.
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda item: shutil.copyfile(item[1], staging / item[0]),
+        list(pool.map(lambda item: (staging / item[0]).write_bytes(item[1])
+                      if isinstance(item[1], bytes) else shutil.copyfile(item[1],
+                                                                         staging / item[0]),
                       sources.items()))
     repo.index.add_all()
     repo.index.write()

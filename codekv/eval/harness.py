@@ -193,6 +193,20 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
                       time.perf_counter() - started, machine, throughput_rows, resumed)
 
 
+def count_tasks(config: EvalConfig, backend, status: Callable[[str], None] | None = None
+                ) -> dict[str, int]:
+    """How many tasks each workload of ``config`` makes with ``backend``'s tokenizer, measuring
+    none: material too thin for a run's thresholds is refused before the run, not after it."""
+    indexes = _indexes(config, status or (lambda text: None))
+    try:
+        tasks = _tasks(config, indexes, lambda text: len(backend.tokenize(text)), [])
+    finally:
+        for opened in indexes.values():
+            opened.close()
+    return {workload: sum(task.workload == workload for task in tasks)
+            for workload in config.workloads}
+
+
 def _indexes(config: EvalConfig, say) -> dict:
     """The indexed repositories workloads such as code-qa draw from, by spec (none without
     one)."""
