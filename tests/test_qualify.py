@@ -144,6 +144,23 @@ def test_a_trial_run_is_confirmed_on_held_out_tasks_and_licenses_nothing(repo, m
         task.id for task in other.evidence.tasks + other.held_out.tasks}
 
 
+def test_a_model_on_llama_cpp_is_qualified_for_llama_cpp_only(repo, tiny_gguf):
+    options = qualify.QualifyOptions(repos=(str(repo.root),), held_out_paths=("tools",),
+                                     model=str(tiny_gguf), engine="llama.cpp", tasks=2,
+                                     context_tokens=512, strategies=("none",), thresholds=LAX)
+    outcome = qualify.run(options, "codekv qualify --backend llama.cpp ...")
+    [entry] = outcome.entries
+    assert (entry["backend"], entry["trial"][-1]) == ("llama.cpp",
+                                                      "--min-tasks 2 is below the gate's 100")
+    assert outcome.model["engine"] == "llama.cpp"
+    asked = GateRequest(outcome.model["fingerprint"], frozenset({"python"}), 200)
+    gate = SupportGate.load()
+    assert gate.verdict("llama", "code-qa", "llama.cpp", asked).reason.startswith(
+        "unsupported: llama/code-qa on llama.cpp is from a trial run, not evidence")
+    assert "the llama/code-qa evidence is for SmolLM2" in gate.verdict(
+        "llama", "code-qa", request=asked).reason  # transformers: the shipped entry's model
+
+
 def test_the_user_file_is_replaced_whole_and_keeps_other_models_entries(monkeypatch):
     def entry(fingerprint, method):
         return {"family": "llama", "workload": "code-qa", "method": method,
@@ -178,7 +195,7 @@ def test_qualify_from_the_command_line(repo, model_dir, tmp_path):
     out = " ".join(result.stdout.split())
     assert "rules none, boundary@0.15" in out
     assert "llama/code-qa: each rule's 95% intervals over the tasks" in out
-    assert "evidence (held out by held-out paths tools):" in out
+    assert "evidence (held-out tasks from the files matching tools):" in out
     assert "the entry covers: " + str(model_dir) in out and "; python code; contexts " in out
     assert "TRIAL RUN, NOT EVIDENCE (--min-tasks 2 is below the gate's 100)" in out
     assert "the gate now: falls back to full prefill (unsupported: llama/code-qa is from a " in out

@@ -91,8 +91,9 @@ def laxer(thresholds: Thresholds) -> list[str]:
 
 @dataclass(frozen=True)
 class Sides:
-    """The repositories each run draws from (paths), how they were held out, and what they
-    hold (each repository's path and a digest of its files: part of the checkpoint's key)."""
+    """The repositories each run draws from (paths), where the held-out tasks come from (in
+    words), and what they hold (each repository's path and a digest of its files: part of
+    the checkpoints' key)."""
 
     evidence: tuple[str, ...]
     held_out: tuple[str, ...]
@@ -138,8 +139,8 @@ def sides(options: QualifyOptions) -> Sides:
         evidence_parts.append(_part(root, kept, EVIDENCE))
         held_out_parts.append(_part(root, held, HELD_OUT))
         contents[root] = {"evidence": _digest(kept), "held_out": _digest(held)}
-    how = ("held-out paths " + ", ".join(options.held_out_paths) if options.held_out_paths
-           else "a hash split of the files")
+    how = ("the files matching " + ", ".join(options.held_out_paths) if options.held_out_paths
+           else "half of the files, by a hash of each path")
     return Sides(tuple(evidence_parts), tuple(held_out_parts), how, contents)
 
 

@@ -241,7 +241,7 @@ def print_summary(console: Console, outcome) -> None:
         console.print(table)
         say = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
         passed = [c["method"] for c in entry.get("candidates", []) if c["passed"]]
-        say(f"evidence (held out by {outcome.sides.how}): "
+        say(f"evidence (held-out tasks from {outcome.sides.how}): "
             + (f"{', '.join(passed)} met every threshold" if passed
                else "no rule met every threshold"))
         if entry.get("held_out"):
