@@ -88,10 +88,14 @@ def test_held_out_files_are_disjoint_from_the_evidence_files(repo):
     (dict(held_out_paths=("docs",)), "leaves no code file on the held-out side"),
     (dict(held_out_repos=("SAME",)), "is both a --repo and a --held-out-repo"),
     (dict(held_out_repos=("SAME",), held_out_paths=("tools",)), "give one of them"),
+    (dict(held_out_repos=("COPY",)), "the held-out repositories hold 8 code files the "
+                                     "evidence repositories hold too, such as "),
 ])
 def test_held_out_tasks_that_would_not_be_held_out_are_refused(repo, options, why):
-    options = {key: tuple(str(repo.root / "lib") if v == "SAME" else v for v in value)
-               for key, value in options.items()}
+    copy = GitRepo(repo.root.parent / "copy")  # the same files: a fork holds the same code
+    copy.commit({path: (repo.root / path).read_bytes() for path in FILES})
+    named = {"SAME": str(repo.root / "lib"), "COPY": str(copy.root)}
+    options = {key: tuple(named.get(v, v) for v in value) for key, value in options.items()}
     with pytest.raises(qualify.QualifyError, match=why):
         qualify.sides(qualify.QualifyOptions(repos=(str(repo.root),), **options))
     with pytest.raises(qualify.QualifyError, match="is not inside a git repository"):
@@ -114,6 +118,8 @@ def test_a_trial_run_is_confirmed_on_held_out_tasks_and_licenses_nothing(repo, m
                               "min_speedup 0 is below the gate's 2",
                               "--min-tasks 2 is below the gate's 100"]
     assert entry["held_out"]["repos"] == list(outcome.sides.held_out)
+    assert "--seed 0 " in entry["generated_by"] and "--seed 1 " in entry["held_out"][
+        "generated_by"]  # the eval commands that reproduce each run
     assert entry["qualified_by"] == "codekv qualify ..."
     # ... and written to the user file, whole, owner-only; the gate reads it and refuses
     user_file = paths.user_support_file()
@@ -199,6 +205,13 @@ def test_qualify_from_the_command_line(repo, model_dir, tmp_path):
     assert "the entry covers: " + str(model_dir) in out and "; python code; contexts " in out
     assert "TRIAL RUN, NOT EVIDENCE (--min-tasks 2 is below the gate's 100)" in out
     assert "the gate now: falls back to full prefill (unsupported: llama/code-qa is from a " in out
+    [entry] = json.loads(paths.user_support_file().read_text())["entries"]
+    assert entry["qualified_by"] == (f"codekv qualify --model {model_dir} --repo {repo.root} "
+                                     "--held-out-path tools --workload code-qa --tasks 2 "
+                                     "--context-tokens 1024 --strategies none,boundary@0.15 "
+                                     "--min-tasks 2")
+    assert entry["generated_by"].startswith("codekv eval --repo ")  # what reproduces each run
+    assert "--seed 0 " in entry["generated_by"] and "held_out" not in entry  # nothing passed
     listed = json.loads(CliRunner().invoke(main, ["support", "--json"]).stdout)
     [mine] = [pair for pair in listed["pairs"] if pair["user_file"]]
     assert mine["file"] == str(paths.user_support_file()) and mine["supported"] is False

@@ -39,6 +39,7 @@ BASELINE_RULES = ("none", "boundary@0.15")
 WORKDIR = "qualify"
 HELD_OUT = "held-out"
 EVIDENCE = "evidence"
+EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's hash of an empty file
 
 
 class QualifyError(ValueError):
@@ -122,7 +123,17 @@ def sides(options: QualifyOptions) -> Sides:
             raise QualifyError(f"{', '.join(shared)} is both a --repo and a --held-out-repo: "
                                "held-out tasks come from repositories the evidence did not "
                                "draw from")
-        contents = {root: _digest(_code_files(root)) for root in (*evidence, *held_out)}
+        files = {root: _code_files(root) for root in (*evidence, *held_out)}
+        seen = {f.blob_hash: f"{root}/{f.path}" for root in evidence for f in files[root]}
+        copies = [f"{root}/{f.path} (as {seen[f.blob_hash]})" for root in held_out
+                  for f in files[root] if f.blob_hash in seen and f.blob_hash != EMPTY_BLOB]
+        if copies:
+            raise QualifyError(f"the held-out repositories hold {len(copies)} code files the "
+                               f"evidence repositories hold too, such as {copies[0]}: held-out "
+                               "tasks come from code the evidence did not see (a fork or a "
+                               "copy is the same code); name another --held-out-repo, or "
+                               "--held-out-path to split one repository")
+        contents = {root: _digest(found) for root, found in files.items()}
         return Sides(tuple(evidence), tuple(held_out), "other repositories", contents)
     evidence_parts, held_out_parts, contents = [], [], {}
     for root in evidence:

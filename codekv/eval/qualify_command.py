@@ -249,6 +249,9 @@ def print_summary(console: Console, outcome) -> None:
                                 else f"not confirmed (closest {held_out.get('closest')})"))
         else:
             say("held out: not run (no rule passed the evidence)")
+        if entry.get("covers") is None:  # no composed task: nothing was measured
+            say("the entry covers nothing: no task was composed")
+            continue
         covers = Coverage.of(entry["covers"])
         if held_out.get("covers"):
             covers = covers.within(Coverage.of(held_out["covers"]))
