@@ -101,6 +101,7 @@ def _with(**changes) -> dict:
     (_with(measured={"delta_nll_ci": [0.1]}), "measured.delta_nll_ci [0.1] is not a finite "
                                               "number or an interval of two"),
     (_with(reason=["x"]), 'reason ["x"] is not a text'),
+    (_with(trial="lax"), 'trial "lax" is not a list of texts'),
 ])
 def test_an_invalid_entry_licenses_nothing_and_says_why(entry, why):
     assert SupportGate([LICENSED], "t").verdict("llama", "code-qa").allowed
@@ -589,3 +590,14 @@ def test_support_shows_the_entries_of_both_files_and_where_each_is(codekv_home):
     assert len(files) == 1 + len(SupportGate.load(SHIPPED_FILE).entries)
     text = CliRunner().invoke(main, ["support"]).stdout
     assert "user" in text and "shipped" in text
+
+
+def test_an_entry_from_a_trial_run_licenses_nothing_whatever_else_it_says():
+    trial = _code_entry(SMOLLM) | {"trial": ["--min-tasks 2 is below the gate's 100"]}
+    gate = SupportGate([trial], "t")
+    assert gate.problems == [[]]
+    verdict = gate.verdict("llama", "code-qa", request=_asked())
+    assert verdict == type(verdict)(False, "unsupported: llama/code-qa is from a trial run, not "
+                                           "evidence: --min-tasks 2 is below the gate's 100")
+    assert SupportGate([_code_entry(SMOLLM)], "t").verdict("llama", "code-qa",
+                                                           request=_asked()).allowed

@@ -236,3 +236,27 @@ def test_the_default_grid_is_what_passed_for_the_default_model_plus_baselines():
                                                   "query@0.25")
     assert qualify.default_grid(("rag",)) == qualify.BASELINE_RULES  # nothing passed there
     assert qualify.laxer(Thresholds()) == []
+
+
+def test_the_time_left_counts_only_requests_measured_in_this_session():
+    from codekv.eval.qualify_command import Estimate, duration
+
+    now = [0.0]
+    estimate = Estimate(clock=lambda: now[0])
+    assert estimate.left(10) is None  # nothing measured yet: no figure
+    estimate.step("Evaluating", 0)
+    now[0] = 0.5
+    estimate.step("code-qa-0-0 (from the checkpoint)", 4)  # read back: took no time
+    now[0] = 6.5
+    estimate.step("code-qa-0-1", 2)  # 6 s for 2 requests (and the task's full prefill)
+    now[0] = 7.0
+    estimate.step("code-qa-0-1 done in 6.5s", 0)
+    now[0] = 10.0
+    estimate.step("code-qa-0-2", 1)
+    assert estimate.left(10) == pytest.approx(30.0)  # 9 s for 3 requests
+    now[0] = 100.0  # indexing, task generation: not a request's cost
+    estimate.step("Evaluating", 0)
+    now[0] = 103.0
+    estimate.step("code-qa-1-0", 1)
+    assert estimate.left(4) == pytest.approx(12.0)
+    assert [duration(s) for s in (None, 42, 150, 7200)] == ["estimating", "42s", "2m", "2h00m"]
