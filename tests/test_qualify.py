@@ -199,7 +199,7 @@ def test_qualify_from_the_command_line(repo, model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert "Estimate from the first task measured" in result.stderr
     out = " ".join(result.stdout.split())
-    assert "rules none, boundary@0.15" in out
+    assert "rules none, boundary@0.15: up to 8 requests" in out
     assert "llama/code-qa: each rule's 95% intervals over the tasks" in out
     assert "evidence (held-out tasks from the files matching tools):" in out
     assert "the entry covers: " + str(model_dir) in out and "; python code; contexts " in out

@@ -199,7 +199,9 @@ def qualify_command(model, engine, repos, held_out_repos, held_out_paths, worklo
     console = Console(width=max(120, Console().width))
     console.print(f"Qualifying {escape(model or 'the default model')} on {engine}: "
                   f"{', '.join(options.workloads)}, {tasks} evidence and {tasks} held-out tasks "
-                  f"each, contexts up to {context_tokens:,} tokens; rules {', '.join(grid)}",
+                  f"each, contexts up to {context_tokens:,} tokens; rules {', '.join(grid)}: up "
+                  f"to {2 * held_out_requests:,} requests (the held-out run runs only the rules "
+                  "that pass); the time they take is estimated after the first task",
                   highlight=False)
     try:
         check_positions(qualify.eval_config(options, (), seed, grid, None),
