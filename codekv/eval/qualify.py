@@ -187,9 +187,11 @@ def _part(root: str, files: list[gitrepo.SourceFile], side: str) -> str:
     """``files`` of ``root`` committed to a repository of their own (made once per content)."""
     from codekv.stdlib_repo import committed_copy
 
-    reader = gitrepo.BlobReader(root)
     dest = (paths.private_dir(paths.home() / WORKDIR / "repos")
             / f"{Path(root).name}-{side}-{_digest(files)}")
+    if (dest / ".git").is_dir():  # made by an earlier run: the name is its content's digest
+        return str(dest)
+    reader = gitrepo.BlobReader(root)
     return str(committed_copy(dest, {f.path: reader.read(f) for f in files},
                               f"{side} files of {root}"))
 
@@ -260,7 +262,7 @@ def run(options: QualifyOptions, command: str, backend=None,
         held_out_result = None
         if passed:
             held_out = eval_config(options, drawn.held_out, held_out_seed,
-                               tuple(dict.fromkeys(passed)), workdir / "held-out.ckpt")
+                                   tuple(dict.fromkeys(passed)), workdir / "held-out.ckpt")
             eval_command.check_held_out(document, held_out)
             say("Held-out run of the rules that passed")
             held_out_result = evaluate(held_out, backend, say, _phase(progress, "held-out"))
