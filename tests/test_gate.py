@@ -547,6 +547,15 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
     # duplicates are judged within a file: the user's entry for SmolLM2 is not one of the
     # shipped entry's
     assert gate.problems == [[]] * len(gate.entries)
+    # a user entry for other languages of the same model leaves the shipped entry in force
+    go = _code_entry(SMOLLM, languages=["go"]) | {"strategy": "boundary", "ratio": 0.25,
+                                                  "method": "boundary@0.25"}
+    _user_file([go])
+    gate = SupportGate.load()
+    assert gate.verdict("llama", "code-qa", request=_asked()).strategy == "query"
+    assert gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).strategy == (
+        "boundary")
+    assert all(pair["superseded_for"] == [] for pair in gate.pairs())
     # a named file is read alone
     assert SupportGate.load(_user_file([theirs])).source.endswith("support.json")
     assert not SupportGate.load(SHIPPED_FILE).verdict(

@@ -168,15 +168,18 @@ def test_a_model_on_llama_cpp_is_qualified_for_llama_cpp_only(repo, tiny_gguf):
 
 
 def test_the_user_file_is_replaced_whole_and_keeps_other_models_entries(monkeypatch):
-    def entry(fingerprint, method):
+    def entry(fingerprint, method, languages=("python",)):
         return {"family": "llama", "workload": "code-qa", "method": method,
-                "covers": {"models": [{"fingerprint": fingerprint, "name": None}]}}
+                "covers": {"models": [{"fingerprint": fingerprint, "name": None}],
+                           "languages": list(languages)}}
 
     path = paths.user_support_file()
-    qualify.install(path, [entry("a", "none"), entry("b", "none")])
-    qualify.install(path, [entry("a", "boundary@0.15")])
-    assert [e["method"] for e in json.loads(path.read_text())["entries"]] == ["none",
-                                                                              "boundary@0.15"]
+    qualify.install(path, [entry("a", "none"), entry("b", "none"), entry("a", "none", ["go"])])
+    qualify.install(path, [entry("a", "boundary@0.15", ["python", "rust"])])
+    assert [(e["covers"]["models"][0]["fingerprint"], e["method"], e["covers"]["languages"])
+            for e in json.loads(path.read_text())["entries"]] == [
+        ("b", "none", ["python"]), ("a", "none", ["go"]),  # another model; other languages
+        ("a", "boundary@0.15", ["python", "rust"])]
     before = path.read_bytes()
 
     def interrupted(source, target):
@@ -194,7 +197,7 @@ def test_qualify_from_the_command_line(repo, model_dir, tmp_path):
     ``codekv support`` lists; then what it refuses, each before the model loads."""
     args = ["qualify", "--model", str(model_dir), "--repo", str(repo.root), "--held-out-path",
             "tools", "--tasks", "2", "--min-tasks", "2", "--context-tokens", "1024",
-            "--strategies", ",".join(GRID)]
+            "--strategies", ",".join(GRID), "--language", "python"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "Estimate from the first task measured" in result.stderr
@@ -207,19 +210,22 @@ def test_qualify_from_the_command_line(repo, model_dir, tmp_path):
     assert "the gate now: falls back to full prefill (unsupported: llama/code-qa is from a " in out
     [entry] = json.loads(paths.user_support_file().read_text())["entries"]
     assert entry["qualified_by"] == (f"codekv qualify --model {model_dir} --repo {repo.root} "
-                                     "--held-out-path tools --workload code-qa --tasks 2 "
+                                     "--held-out-path tools --workload code-qa --language "
+                                     "python --tasks 2 "
                                      "--context-tokens 1024 --strategies none,boundary@0.15 "
                                      "--min-tasks 2")
     assert entry["generated_by"].startswith("codekv eval --repo ")  # what reproduces each run
+    assert " --language python " in entry["generated_by"]
     assert "--seed 0 " in entry["generated_by"] and "held_out" not in entry  # nothing passed
     listed = json.loads(CliRunner().invoke(main, ["support", "--json"]).stdout)
     [mine] = [pair for pair in listed["pairs"] if pair["user_file"]]
     assert mine["file"] == str(paths.user_support_file()) and mine["supported"] is False
     assert mine["covers"]["models"][0]["name"] == str(model_dir)
     # Refused: tasks the thresholds cannot count as evidence; too little code; a corrupt file.
-    fewer = CliRunner().invoke(main, [*args[:-6], "--tasks", "2"])
+    fewer = CliRunner().invoke(main, [*args, "--min-tasks", "100"])
     assert fewer.exit_code == 1 and "--tasks 2 is below --min-tasks 100" in fewer.output
-    thin = CliRunner().invoke(main, [*args[:-4], "--min-tasks", "300", "--tasks", "300"])
+    thin = CliRunner().invoke(main, [*args, "--min-tasks", "300", "--tasks", "300",
+                                     "--context-tokens", "2048"])
     assert thin.exit_code == 1 and "code-qa: the evidence side gives only " in thin.output
     assert "the thresholds need 300 (--min-tasks)" in thin.output
     user_file = paths.user_support_file()

@@ -54,6 +54,7 @@ class QualifyOptions:
     model: str | None = None  # a GGUF file or a Hugging Face directory; None: the default
     engine: str = TRANSFORMERS
     workloads: tuple[str, ...] = ("code-qa",)
+    languages: tuple[str, ...] | None = None  # code-qa's languages; None: all the code has
     tasks: int = 100
     context_tokens: int = 2048
     strategies: tuple[str, ...] | None = None  # None: ``default_grid``
@@ -288,7 +289,8 @@ def run(options: QualifyOptions, command: str, backend=None,
 def eval_config(options: QualifyOptions, repos, seed: int, strategies, checkpoint):
     from codekv.eval.harness import EvalConfig
 
-    return EvalConfig(repos=tuple(repos), workloads=options.workloads, tasks=options.tasks,
+    return EvalConfig(repos=tuple(repos), languages=options.languages,
+                      workloads=options.workloads, tasks=options.tasks,
                       seed=seed, strategies=tuple(strategies),
                       context_tokens=options.context_tokens, pruning=(), peers=(),
                       throughput_tasks=0, reuse_tasks=0, reorder=False, model=options.model,
@@ -321,6 +323,7 @@ def _workdir(options: QualifyOptions, grid, drawn: Sides, fingerprint: str) -> P
     repositories' contents and settings, so the same command continues where it stopped."""
     key = {"model": options.model, "fingerprint": fingerprint, "engine": options.engine,
            "repos": drawn.contents, "held_out": drawn.how, "workloads": list(options.workloads),
+           "languages": list(options.languages) if options.languages else None,
            "tasks": options.tasks, "context_tokens": options.context_tokens,
            "strategies": list(grid), "seed": options.seed,
            "thresholds": asdict(options.thresholds)}
@@ -347,21 +350,33 @@ def _user_document(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _key(entry: dict) -> tuple:
-    covers = entry.get("covers") or {}
-    models = tuple(sorted(m.get("fingerprint") for m in covers.get("models") or ())) or (
-        entry.get("model"),)
-    return (entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload"),
-            models)
+def _models(entry: dict) -> set:
+    covers = entry.get("covers") if isinstance(entry.get("covers"), dict) else {}
+    return {m.get("fingerprint") for m in covers.get("models") or ()
+            if isinstance(m, dict)} or {entry.get("model")}
+
+
+def _replaces(new: dict, old) -> bool:
+    """Whether ``new`` speaks for ``old``'s requests: the same engine, family and workload,
+    a model in common, and languages that overlap (a go entry leaves a python one)."""
+    from codekv.gate import entry_languages, languages_overlap
+
+    return (isinstance(old, dict) and _pair(new) == _pair(old)
+            and bool(_models(new) & _models(old))
+            and languages_overlap(entry_languages(new), entry_languages(old)))
+
+
+def _pair(entry: dict) -> tuple:
+    return entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload")
 
 
 def install(path: Path, entries: list[dict]) -> None:
     """Put ``entries`` in the user support file at ``path``, replacing its entries for the
-    same engine, family, workload and model, keeping every other; written whole (a temporary
-    file renamed over it), owner-only."""
+    same requests (engine, family, workload, model and overlapping languages), keeping every
+    other; written whole (a temporary file renamed over it), owner-only."""
     document = _user_document(path)  # as it is now, not as it was when the run started
-    new = {_key(entry) for entry in entries}
-    kept = [entry for entry in document["entries"] if _key(entry) not in new]
+    kept = [old for old in document["entries"]
+            if not any(_replaces(new, old) for new in entries)]
     document.update(format=1, entries=[*kept, *entries],
                     updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     document.setdefault("about", "codekv qualify's entries: the gate reads them beside the "

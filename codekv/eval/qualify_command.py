@@ -16,6 +16,7 @@ from rich.table import Table
 from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.eval.registry import WORKLOADS
+from codekv.grammars import LANGUAGES
 
 CHECKPOINTED = "(from the checkpoint)"  # how the runner names a task read back from one
 
@@ -135,6 +136,8 @@ def qualify_argv(options) -> str:
             parts += [option, shlex.quote(value)]
     for workload in options.workloads:
         parts += ["--workload", workload]
+    for language in options.languages or ():
+        parts += ["--language", language]
     parts += ["--tasks", str(options.tasks), "--context-tokens", str(options.context_tokens)]
     if options.strategies:
         parts += ["--strategies", ",".join(options.strategies)]
@@ -163,6 +166,9 @@ def qualify_argv(options) -> str:
                    "path].")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
               help="Workloads to qualify [code-qa].")
+@click.option("--language", "languages", multiple=True, type=click.Choice(sorted(LANGUAGES)),
+              help="Draw code-qa tasks from this language's code only, repeatable; the entry "
+                   "covers these languages [every language the repositories have].")
 @click.option("--tasks", type=click.IntRange(min=1), default=100, show_default=True,
               help="Tasks per workload, in the evidence run and in the held-out run each.")
 @click.option("--context-tokens", type=click.IntRange(min=MIN_CONTEXT_TOKENS), default=2048,
@@ -176,8 +182,8 @@ def qualify_argv(options) -> str:
 @click.option("--min-tasks", type=click.IntRange(min=1), default=100, show_default=True,
               help="Fewer tasks than this are not evidence. Below 100 the run is a trial: its "
                    "entries say so and license nothing.")
-def qualify_command(model, engine, repos, held_out_repos, held_out_paths, workloads, tasks,
-                    context_tokens, strategies, seed, min_tasks):
+def qualify_command(model, engine, repos, held_out_repos, held_out_paths, workloads, languages,
+                    tasks, context_tokens, strategies, seed, min_tasks):
     """Qualify your model on your repositories: evidence tasks, the rule grid, the held-out
     confirmation, and an entry in your support file that the gate reads (resumable: run the
     same command again to continue)."""
@@ -191,7 +197,8 @@ def qualify_command(model, engine, repos, held_out_repos, held_out_paths, worklo
         repos=tuple(str(Path(r).resolve()) for r in repos),
         held_out_repos=tuple(str(Path(r).resolve()) for r in held_out_repos),
         held_out_paths=tuple(held_out_paths), model=model, engine=engine,
-        workloads=tuple(workloads) or ("code-qa",), tasks=tasks,
+        workloads=tuple(workloads) or ("code-qa",), languages=tuple(languages) or None,
+        tasks=tasks,
         context_tokens=context_tokens, strategies=_strategies(strategies), seed=seed,
         thresholds=Thresholds(min_tasks=min_tasks))
     grid = options.strategies or qualify.default_grid(options.workloads)
