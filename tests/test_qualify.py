@@ -237,9 +237,21 @@ def test_qualify_from_the_command_line(repo, model_dir, tmp_path):
     assert "Traceback" not in corrupt.output + fewer.output + thin.output
 
 
+def qualify_shipped():
+    from pathlib import Path
+
+    return Path(qualify.__file__).parent.parent / "data" / "support.json"
+
+
 def test_the_default_grid_is_what_passed_for_the_default_model_plus_baselines():
-    assert qualify.default_grid(("code-qa",)) == ("none", "boundary@0.15", "query@0.15",
-                                                  "query@0.25")
+    from codekv.eval.support import evidence_passed
+
+    shipped = SupportGate.load(qualify_shipped()).entries
+    passed = {label for entry in shipped if entry["workload"] == "code-qa"
+              for label in evidence_passed(entry)}
+    assert "query@0.15" in passed  # the rule the shipped file licenses the default model with
+    grid = qualify.default_grid(("code-qa",))
+    assert grid[:2] == ("none", "boundary@0.15") and set(grid[2:]) == passed - set(grid[:2])
     assert qualify.default_grid(("rag",)) == qualify.BASELINE_RULES  # nothing passed there
     assert qualify.laxer(Thresholds()) == []
 
