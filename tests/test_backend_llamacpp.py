@@ -532,3 +532,40 @@ def test_a_chat_renders_with_the_ggufs_template_and_its_special_tokens(smollm_ll
     assert len(smollm_llama.tokenize(text)) > len(ids)  # as plain text they are many
     assert [text[a:b] for a, b in offsets][:3] == ["<|im_start|>", "system", "\n"]
     assert set(smollm_llama.tokenize("<|im_end|>", special=True)) <= smollm_llama.end_token_ids
+
+
+def test_a_kept_sequence_serves_a_later_prompts_prefix_as_the_same_batches(tiny_gguf):
+    """A request's cells shared into a kept sequence (a server's recent prompt) outlive later
+    requests and chunk prefills; a prompt sharing its first tokens takes those cells as they
+    are: what llama.cpp gives decoding the new prompt in those two batches. Released, the
+    sequence holds nothing."""
+    from codekv.backends.llamacpp import KEPT_FIRST, KeptPrefix
+    from codekv.compose import query_probe_layers
+
+    backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
+    backend.keep_sequences(2, 512)
+    L, seq = backend._L, KEPT_FIRST
+    first = backend.tokenize(A.text + B.text)
+    second = first[:20] + backend.tokenize(C.text)
+    kept = backend.keep(backend.full_prefill(first), seq, len(first))
+    assert kept == KeptPrefix(seq, len(first))
+    backend.prefill_chunk(backend.tokenize(B.text))  # another request takes the context
+    assert L.llama_memory_seq_pos_max(backend._mem, seq) == len(first) - 1
+    prefix = KeptPrefix(seq, 20)
+    reference = backend.batch_reference(second, [20])
+    continued = backend.recompute(second[:20], backend.concat([prefix]), [], second[20:])
+    assert max_diff(continued.logits, reference.logits) <= SAME_BATCHES
+    assert continued.cuts == [20]
+    # The probe (another context) reads the kept cells saved and restored.
+    layers = query_probe_layers(backend.info.n_layers)
+    query = backend.tokenize(QUERY)
+    saved = backend.head(backend.state_kv(backend.full_prefill(first), len(first)), 20)
+    assert torch.equal(backend.query_relevance([prefix], query, layers),
+                       backend.query_relevance([saved], query, layers))
+    with pytest.raises(ValueError, match="kept prefix starts a request"):
+        backend.concat([saved, backend.reposition(prefix, 20)])
+    with pytest.raises(ValueError, match="not a kept sequence"):
+        backend.keep(backend.full_prefill(first), KEPT_FIRST + 2, 5)
+    backend.release(seq)
+    assert L.llama_memory_seq_pos_max(backend._mem, seq) == -1
+    backend.close()

@@ -14,6 +14,12 @@ KV cache type by the model fingerprint. A request is built in sequence 0 of one 
   done in request order, so each sees the fresh KV of the runs before it;
 - the query is decoded at the end of sequence 0.
 
+A server keeps recent prompts in sequences of their own (``keep_sequences``, from 3 on), as
+llama-server's slots: ``keep`` shares a request's first cells into one, and a later request
+starting with the same tokens places a ``KeptPrefix`` of it, whose cells are shared into
+sequence 0 (``seq_cp``: no copy, no restore, no decode). Starting a request clears sequences
+0-2 only, never the kept ones.
+
 Query-aware rules read the query's attention over the re-positioned chunks from a second
 context (the probe), whose eval callback reads the probe layers' softmax
 (``llamacpp_attention``): the chunk states are placed there in request order from an empty
@@ -46,6 +52,8 @@ from codekv.tokens import file_digest
 
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # name -> ggml type id (llama.h / ggml.h)
 REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a recomputed run
+KEPT_FIRST = 3  # kept sequences (a server's recent prompts) are 3, 4, ...
+KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}  # bytes per value (q8_0: 32 in 34 bytes)
 DEVIATION_REFUSAL = (
     "llama.cpp keeps KV as an opaque per-sequence state: per-token KV deviation cannot be "
     "scored without reading K/V tensors"
@@ -88,6 +96,19 @@ class SequenceState:
 
     def nbytes(self) -> int:
         return int(self.data.nbytes)
+
+
+@dataclass(frozen=True)
+class KeptPrefix:
+    """The first ``n_tokens`` cells (positions 0..) of kept sequence ``seq``: placed by sharing
+    its cells into the request, never restored or recomputed."""
+
+    seq: int
+    n_tokens: int
+    start: int = 0
+
+    def nbytes(self) -> int:
+        return 0  # the cells belong to the kept sequence; the context's memory holds them
 
 
 @dataclass
@@ -133,6 +154,7 @@ class LlamaCppBackend:
         self.n_batch = n_batch
         self.kv_type = kv_type
         self._threads = threads
+        self.kept_sequences, self.kept_cells = 0, 0
         self._ctx = L.llama_init_from_model(self._model, self._context_params())
         if not self._ctx:
             L.llama_model_free(self._model)
@@ -161,12 +183,14 @@ class LlamaCppBackend:
         )
         self._identity = identity
 
-    def _context_params(self, reader: AttentionReader | None = None):
+    def _context_params(self, reader: AttentionReader | None = None, kept: bool = False):
+        """The request context's parameters (``kept``: with the kept sequences' room), or the
+        probe's (``reader``)."""
         L = self._L
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
+        cparams.n_ctx = self.n_ctx + (self.kept_cells if kept else 0)
         cparams.n_batch = cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = 3  # request, chunk, run
+        cparams.n_seq_max = KEPT_FIRST + (self.kept_sequences if kept else 0)
         cparams.kv_unified = True  # sequences share cells (seq_cp shares, never copies)
         cparams.n_threads = cparams.n_threads_batch = self._threads
         cparams.type_k = cparams.type_v = KV_TYPES[self.kv_type]
@@ -302,10 +326,76 @@ class LlamaCppBackend:
 
     # -- the context ---------------------------------------------------------------------
     def _take_context(self) -> int:
-        """Start over: every sequence empty; the previous request state is no longer usable."""
-        self._L.llama_memory_clear(self._mem, False)
+        """Start over: the request's and scratch sequences empty (kept ones stay); the
+        previous request state is no longer usable."""
+        if self.kept_sequences:
+            for seq in (REQUEST, CHUNK, RUN):
+                self._L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        else:
+            self._L.llama_memory_clear(self._mem, False)
         self._ticket += 1
         return self._ticket
+
+    # -- kept sequences (a server's recent prompts, as llama-server's slots) ---------------
+    @property
+    def cell_bytes(self) -> int:
+        """Bytes one token's cell takes in the KV cache (K and V of every layer)."""
+        L, model = self._L, self._model
+        arch = self._meta("general.architecture") or ""
+        head = L.llama_model_n_embd(model) // max(L.llama_model_n_head(model), 1)
+        widths = [int(self._meta(f"{arch}.attention.{name}_length") or head)
+                  for name in ("key", "value")]
+        per_layer = L.llama_model_n_head_kv(model) * sum(widths) * KV_BYTES[self.kv_type]
+        return int(L.llama_model_n_layer(model) * per_layer)
+
+    def keep_sequences(self, count: int, cells: int) -> None:
+        """Room for ``count`` kept sequences holding up to ``cells`` cells between them
+        besides a whole request's: the request context is made again with that room (every
+        request state and kept sequence so far is gone)."""
+        if count < 0 or cells < 0 or (count == 0) != (cells == 0):
+            raise ValueError(f"kept sequences need a count and cells both > 0 or both 0, not "
+                             f"{count} and {cells}")
+        L = self._L
+        previous = (self.kept_sequences, self.kept_cells)
+        self.kept_sequences, self.kept_cells = count, cells
+        ctx = L.llama_init_from_model(self._model, self._context_params(kept=True))
+        if not ctx:
+            self.kept_sequences, self.kept_cells = previous
+            raise ValueError(f"llama.cpp cannot make a context of {self.n_ctx + cells} cells "
+                             f"and {KEPT_FIRST + count} sequences for {self.path}")
+        L.llama_free(self._ctx)
+        self._ctx, self._mem = ctx, L.llama_get_memory(ctx)
+        self._ticket += 1
+
+    def _kept(self, seq: int) -> int:
+        if not KEPT_FIRST <= seq < KEPT_FIRST + self.kept_sequences:
+            raise ValueError(f"sequence {seq} is not a kept sequence (there are "
+                             f"{self.kept_sequences}, from {KEPT_FIRST})")
+        return seq
+
+    def keep(self, state: LlamaRequest, seq: int, n_tokens: int) -> KeptPrefix:
+        """Share the request's first ``n_tokens`` cells into kept sequence ``seq`` (what it
+        held is dropped first); they stay when later requests take the context."""
+        self._check(state)
+        if not 0 < n_tokens <= state.length:
+            raise ValueError(f"{n_tokens} tokens of a state of {state.length}")
+        L, mem = self._L, self._mem
+        L.llama_memory_seq_rm(mem, self._kept(seq), -1, -1)
+        L.llama_memory_seq_cp(mem, REQUEST, seq, 0, n_tokens)
+        return KeptPrefix(seq, n_tokens)
+
+    def release(self, seq: int) -> None:
+        """Empty kept sequence ``seq``: cells no other sequence shares are free again."""
+        self._L.llama_memory_seq_rm(self._mem, self._kept(seq), -1, -1)
+
+    def _kept_state(self, part: KeptPrefix) -> SequenceState:
+        """A kept prefix saved as a sequence state (for the probe, another context)."""
+        L, mem = self._L, self._mem
+        L.llama_memory_seq_cp(mem, self._kept(part.seq), CHUNK, 0, part.n_tokens)
+        try:
+            return self._save(CHUNK, part.n_tokens, 0)
+        finally:
+            L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
     def _check(self, state: LlamaRequest) -> None:
         if state.ticket != self._ticket:
@@ -389,7 +479,10 @@ class LlamaCppBackend:
         return replace(kv, start=start)
 
     def concat(self, parts: list[SequenceState]) -> list[SequenceState]:
-        """Consecutive spans, placed one after another when the request is built."""
+        """Consecutive spans, placed one after another when the request is built; a kept
+        prefix only first."""
+        if any(isinstance(part, KeptPrefix) for part in parts[1:]):
+            raise ValueError("a kept prefix starts a request: it cannot follow other parts")
         offset = parts[0].start
         for part in parts:
             if part.start != offset:
@@ -464,9 +557,15 @@ class LlamaCppBackend:
 
     def _place(self, context: list[SequenceState], ctx, mem) -> None:
         """Each part's state restored in scratch sequence 1, shifted to its start and shared
-        into sequence 0 (the K-shift runs at the next decode)."""
+        into sequence 0 (the K-shift runs at the next decode); a kept prefix's cells shared
+        into sequence 0 as they are (in the probe context: saved and restored)."""
         L = self._L
         for part in context:
+            if isinstance(part, KeptPrefix):
+                if ctx is self._ctx:  # its cells are here: shared, not copied
+                    L.llama_memory_seq_cp(mem, self._kept(part.seq), REQUEST, 0, part.n_tokens)
+                    continue
+                part = self._kept_state(part)
             self._restore(part, CHUNK, ctx)
             if part.start != part.saved_at:
                 L.llama_memory_seq_add(mem, CHUNK, -1, -1, part.start - part.saved_at)

@@ -147,8 +147,7 @@ class Engine:
         self.ratio = ratio
         self.min_segment_tokens = min_segment_tokens
         self.known_code = known_code
-        self.prefix = (ExactPrefixLRU(prefix_budget_bytes) if prefix_budget_bytes is not None
-                       else ExactPrefixLRU())
+        self.prefix = self._exact_prefix_cache(prefix_budget_bytes)
         self._composers: dict[str, Composer] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.busy = False
@@ -156,6 +155,19 @@ class Engine:
         self._worker = threading.Thread(target=self._run, name="codekv-serve-worker",
                                         daemon=True)
         self._worker.start()
+
+    # -- the exact-prefix cache: how this engine keeps recent prompts' KV --------------------
+    def _exact_prefix_cache(self, budget_bytes: int | None) -> ExactPrefixLRU:
+        return ExactPrefixLRU(budget_bytes) if budget_bytes is not None else ExactPrefixLRU()
+
+    def _prefix_part(self, kept, n: int):
+        """The first ``n`` tokens of a kept prompt as the first part of a request."""
+        return self.backend.head(kept, n)
+
+    def _keep_prefix(self, scope: str, ids: list[int], state) -> None:
+        """Keep the state's first ``len(ids)`` tokens (exact KV) for later prompts."""
+        kv = self.backend.state_kv(state, len(ids))
+        self.prefix.put(scope, ids, kv, kv.nbytes())
 
     # -- the queue -----------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -284,7 +296,7 @@ class Engine:
             outcome.reused_tokens = outcome.recomputed_tokens = 0
             outcome.segments_reused = 0
             if n:
-                context = backend.concat([backend.head(prefix_kv, n)])  # the engine's form
+                context = backend.concat([self._prefix_part(prefix_kv, n)])
                 state = backend.recompute(ids[:n], context, [], ids[n:])
                 outcome.status = EXACT_PREFIX
             else:
@@ -294,8 +306,7 @@ class Engine:
             outcome.prefilled_tokens = len(ids) - n
             exact = len(ids)
         if exact > 0:  # composed: only the tokens before its first reused segment are exact
-            kv = backend.state_kv(state, exact)
-            self.prefix.put(scope, ids[:exact], kv, kv.nbytes())
+            self._keep_prefix(scope, ids[:exact], state)
         outcome.segments_stored = len(pending)
         return state, pending
 
@@ -324,7 +335,7 @@ class Engine:
         if not reused:
             raise RuntimeError("the stored segments could not be read")
         end = max(s.end for s in reused)
-        parts = [backend.head(prefix_kv, n)] if n else []
+        parts = [self._prefix_part(prefix_kv, n)] if n else []
         cursor = n
         computed: list[int] = []  # positions computed in place
         for segment, kv, hit in kvs:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +48,13 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class ExactPrefixLRU:
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+    """``on_drop(kv)`` is called for each kept prompt dropped (where its KV lives outside
+    Python's memory: a llama.cpp sequence to free)."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 on_drop: Callable[[Any], None] | None = None):
         self.budget_bytes = budget_bytes
+        self.on_drop = on_drop
         self.entries: OrderedDict[tuple[str, bytes], Entry] = OrderedDict()  # LRU first
         self.bytes = 0
         self.hits = 0
@@ -69,15 +75,16 @@ class ExactPrefixLRU:
         self._use(entry)
         return n, entry.kv
 
-    def put(self, scope: str, token_ids: list[int], kv: Any, nbytes: int) -> None:
-        """Keep ``kv`` (of ``token_ids``); a prompt that is a prefix of one kept adds nothing."""
+    def put(self, scope: str, token_ids: list[int], kv: Any, nbytes: int) -> bool:
+        """Keep ``kv`` (of ``token_ids``); a prompt that is a prefix of one kept adds nothing.
+        Whether it was kept."""
         if nbytes > self.budget_bytes:
-            return
+            return False
         ids = np.asarray(token_ids, dtype=np.int64)
         n, node, path = self._walk(scope, ids)
         if node is not None and n == len(ids) and (node.key is not None or node.children):
             self._use(self._least_recent_under(node))  # a kept prompt starts with this one
-            return
+            return False
         # Kept prompts that this one extends (on its path) are now redundant.
         for redundant in [p.key for p in path if p.key is not None]:
             self._drop(redundant)
@@ -87,6 +94,12 @@ class ExactPrefixLRU:
         self.entries[key] = Entry(ids, kv, nbytes, leaf, next(self._clock))
         self.bytes += nbytes
         while self.bytes > self.budget_bytes:
+            self._drop(next(iter(self.entries)))
+        return True
+
+    def drop_least_recent(self) -> None:
+        """Forget the least recently used kept prompt (of any scope), if there is one."""
+        if self.entries:
             self._drop(next(iter(self.entries)))
 
     # -- the tree ------------------------------------------------------------------------
@@ -166,3 +179,5 @@ class ExactPrefixLRU:
             node = parent
         if node.parent is None and node.key is None and not node.children:
             del self._roots[key[0]]
+        if self.on_drop is not None:
+            self.on_drop(entry.kv)

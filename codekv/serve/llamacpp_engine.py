@@ -1,0 +1,54 @@
+"""The server's pipeline on llama.cpp: recent prompts kept in the engine's own sequences.
+
+As llama-server's slots do, each recent prompt's KV stays in a sequence of the llama.cpp
+context (a bounded number of them, ``KEPT_SEQUENCES``, within the cells
+``--prefix-cache-mb`` buys, least recently used out first). A new prompt's longest common
+token prefix with a kept one (the same radix tree per scope as the transformers engine's) is
+placed by sharing that sequence's cells into the request (``llama_memory_seq_cp``): nothing
+is saved, restored or computed again. What a request keeps is shared back the same way; a kept
+prompt that a new one extends is dropped and its sequence reused. Segments after the prefix are
+composed as on any engine (``codekv.backends.llamacpp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from codekv.backends.llamacpp import KEPT_FIRST, KeptPrefix, LlamaCppBackend, LlamaRequest
+from codekv.serve.engine import Engine
+from codekv.serve.prefix import DEFAULT_BUDGET_BYTES, ExactPrefixLRU
+
+KEPT_SEQUENCES = 8  # recent prompts kept at once (llama-server's default is 4 slots)
+
+
+class LlamaCppEngine(Engine):
+    """``Engine`` whose exact-prefix cache is kept sequences of the backend's context."""
+
+    backend: LlamaCppBackend
+
+    def _exact_prefix_cache(self, budget_bytes: int | None) -> ExactPrefixLRU:
+        """Sequences with room for ``budget_bytes`` of cells (allocated by llama.cpp up front,
+        so no more than the kept sequences can fill)."""
+        backend = self.backend
+        budget = DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes
+        cells = min(budget // backend.cell_bytes, KEPT_SEQUENCES * backend.info.max_positions)
+        sequences = KEPT_SEQUENCES if cells else 0
+        backend.keep_sequences(sequences, cells)
+        self._free = [KEPT_FIRST + i for i in reversed(range(sequences))]  # popped: 3 first
+        return ExactPrefixLRU(cells * backend.cell_bytes, on_drop=self._release)
+
+    def _release(self, kept: KeptPrefix) -> None:
+        self.backend.release(kept.seq)
+        self._free.append(kept.seq)
+
+    def _prefix_part(self, kept: KeptPrefix, n: int) -> KeptPrefix:
+        return replace(kept, n_tokens=n)
+
+    def _keep_prefix(self, scope: str, ids: list[int], state: LlamaRequest) -> None:
+        if not self.backend.kept_sequences:
+            return
+        if not self._free:
+            self.prefix.drop_least_recent()
+        kept = self.backend.keep(state, self._free.pop(), len(ids))
+        if not self.prefix.put(scope, ids, kept, len(ids) * self.backend.cell_bytes):
+            self._release(kept)
