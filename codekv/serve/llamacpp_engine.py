@@ -12,13 +12,20 @@ composed as on any engine (``codekv.backends.llamacpp``).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 
 from codekv.backends.llamacpp import KEPT_FIRST, KeptPrefix, LlamaCppBackend, LlamaRequest
 from codekv.serve.engine import Engine
 from codekv.serve.prefix import DEFAULT_BUDGET_BYTES, ExactPrefixLRU
 
 KEPT_SEQUENCES = 8  # recent prompts kept at once (llama-server's default is 4 slots)
+
+
+@dataclass
+class Slot:
+    """A kept prompt's sequence (given once the cache has taken the prompt)."""
+
+    seq: int = -1
 
 
 class LlamaCppEngine(Engine):
@@ -37,18 +44,22 @@ class LlamaCppEngine(Engine):
         self._free = [KEPT_FIRST + i for i in reversed(range(sequences))]  # popped: 3 first
         return ExactPrefixLRU(cells * backend.cell_bytes, on_drop=self._release)
 
-    def _release(self, kept: KeptPrefix) -> None:
-        self.backend.release(kept.seq)
-        self._free.append(kept.seq)
+    def _release(self, slot: Slot) -> None:
+        if slot.seq >= 0:
+            self.backend.release(slot.seq)
+            self._free.append(slot.seq)
 
-    def _prefix_part(self, kept: KeptPrefix, n: int) -> KeptPrefix:
-        return replace(kept, n_tokens=n)
+    def _prefix_part(self, slot: Slot, n: int) -> KeptPrefix:
+        return KeptPrefix(slot.seq, n)
 
     def _keep_prefix(self, scope: str, ids: list[int], state: LlamaRequest) -> None:
-        if not self.backend.kept_sequences:
+        """The cache first takes the prompt (dropping those it extends), then a sequence is
+        found for it: a free one, else the least recently used prompt's."""
+        slot = Slot()
+        if not self.backend.kept_sequences or not self.prefix.put(
+                scope, ids, slot, len(ids) * self.backend.cell_bytes):
             return
         if not self._free:
-            self.prefix.drop_least_recent()
-        kept = self.backend.keep(state, self._free.pop(), len(ids))
-        if not self.prefix.put(scope, ids, kept, len(ids) * self.backend.cell_bytes):
-            self._release(kept)
+            self.prefix.drop_least_recent()  # never the new prompt: the most recent
+        slot.seq = self._free.pop()
+        self.backend.keep(state, slot.seq, len(ids))

