@@ -476,6 +476,42 @@ def test_experimental_reuses_every_class(tiny_model_dir, tiny_support, tmp_path)
         server.stop()
 
 
+def test_segments_inside_the_exact_prefix_are_exact_and_stored_if_the_store_lost_them(
+        tiny_model_dir, tiny_support, tmp_path):
+    """A next turn's file lies inside its exact prefix: served by it (never counted reused or
+    composed). The store lost the file's entry meanwhile (evicted): it is stored again, and
+    reused where the file comes back at another position."""
+    home = tmp_path / "home"
+    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY,
+                           "--min-segment-tokens", "8"], home, tiny_support).wait()
+    try:
+        client = server.client()
+        turn = chat(FILE, lead="First turn.")
+        reply, report, _, _ = ask(client, turn)
+        assert report["status"] == "full-prefill" and report["segments_stored"] == 1
+        while httpx.get(server.url + "/health").json()["busy"]:
+            time.sleep(0.05)  # new segments are stored once the reply is out
+        for entry in (home / "kv").rglob("*.safetensors"):
+            entry.unlink()  # evicted
+        turn += [{"role": "assistant", "content": reply},
+                 {"role": "user", "content": "Go on."}]
+        _, report, usage, status = ask(client, turn)
+        assert status == report["status"] == "exact-prefix"
+        assert report["exact_prefix_tokens"] > tiny_tokens(FILE)
+        assert report["reused_tokens"] == report["recomputed_tokens"] == 0
+        assert report["segments_reused"] == 0
+        assert report["segments_stored"] == 1  # the file, stored again
+        assert_accounted(report, usage)
+        while httpx.get(server.url + "/health").json()["busy"]:
+            time.sleep(0.05)
+        _, report, usage, status = ask(client, chat(OTHER, FILE, lead="Elsewhere now."))
+        assert status == "composed" and report["segments_reused"] == 1
+        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert_accounted(report, usage)
+    finally:
+        server.stop()
+
+
 def test_two_servers_sharing_a_redis_store(tiny_model_dir, tiny_support, redis_url, tmp_path):
     """What one server stored, the other (another home, another process) reuses: the same key
     is the same scope on both."""

@@ -282,6 +282,8 @@ class Engine:
                 hits.append((segment, verdict, p))
             else:
                 pending.append((p, after(segment)))
+        if not backend.info.unsupported:
+            pending += self._lost_in_prefix(composer, segments, n, len(ids), piece, after)
         outcome.fallback_reason = "; ".join(sorted(set(refusals.values()))) or None
         state = None
         if hits:
@@ -309,6 +311,21 @@ class Engine:
             self._keep_prefix(scope, ids[:exact], state)
         outcome.segments_stored = len(pending)
         return state, pending
+
+    def _lost_in_prefix(self, composer: Composer, segments: list[seg.Segment], n: int,
+                        prompt_tokens: int, piece, after) -> list:
+        """Licensed segments (partly) inside the exact prefix that the store lacks (their entry
+        evicted or their write failed since an earlier request): served by the prefix, never
+        reused here, but stored for reuse at another position. One lookup each."""
+        lost = []
+        for segment in segments:
+            if segment.start >= n or not (self.experimental
+                                          or self._verdict(segment, prompt_tokens).allowed):
+                continue
+            p = piece(segment)
+            if not self.store.contains(composer.chunk_key(p, after(segment))):
+                lost.append((p, after(segment)))
+        return lost
 
     def _rule(self, verdicts) -> tuple[str, float]:
         if self.strategy != AUTO:
