@@ -533,6 +533,65 @@ def test_two_servers_sharing_a_redis_store(tiny_model_dir, tiny_support, redis_u
         second.stop()
 
 
+def test_two_servers_on_a_redis_cluster_and_a_node_killed_mid_request(
+        tiny_model_dir, tiny_support, tmp_path):
+    """Scale-out: two servers (two processes, two homes) share a Redis Cluster of three local
+    nodes; the second reuses what the first stored. The node holding the scope is killed while
+    a reply streams: it finishes, and later requests on both servers go on, composing nothing,
+    with the failed node in ``fallback_reason`` and ``store_error``; no traceback anywhere, and
+    no key written outside the scope's node."""
+    from conftest import start_cluster
+
+    from codekv.stores.redis_store import scope_tag
+
+    cluster = start_cluster(tmp_path / "cluster")
+    args = ["--model", str(tiny_model_dir), "--served-model-name", TINY, "--store",
+            cluster.url(), "--min-segment-tokens", "8"]
+    first = ServeProcess(args, tmp_path / "first", tiny_support)
+    second = ServeProcess(args, tmp_path / "second", tiny_support)
+    try:
+        first.wait(), second.wait()
+        _, report, _, _ = ask(first.client(), chat(FILE, lead="On the first server."))
+        assert report["segments_stored"] == 1 and report["store_error"] is None
+        while httpx.get(first.url + "/health").json()["busy"]:
+            time.sleep(0.05)  # new segments are stored once the reply is out
+        _, report, usage, _ = ask(second.client(), chat(OTHER, FILE))
+        assert report["status"] == "composed" and report["segments_reused"] == 1
+        assert report["reused_tokens"] > 0 and report["store_error"] is None
+        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert_accounted(report, usage)
+
+        dead = cluster.node_of(f"codekv:{{{scope_tag('serve')}}}:lru")
+        body = {"model": TINY, "messages": chat(EDITED, lead="Killed midway."),
+                "max_tokens": 200, "temperature": 0, "stream": True}
+        with httpx.stream("POST", second.url + "/v1/chat/completions", json=body,
+                          timeout=60) as response:
+            lines = (line for line in response.iter_lines() if line.startswith("data:"))
+            for _ in range(4):
+                assert next(lines) != "data: [DONE]", "the reply ended before the kill"
+            dead.process.kill()
+            dead.process.wait()
+            rest = list(lines)
+        assert response.status_code == 200 and rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][5:])["codekv"]["status"] == "full-prefill"
+        for server in (second, first):
+            while httpx.get(server.url + "/health").json()["busy"]:
+                time.sleep(0.05)
+            _, report, usage, status = ask(server.client(), chat(FILE, OTHER, lead="After."))
+            assert status == report["status"] != "composed" and report["reused_tokens"] == 0
+            assert f"127.0.0.1:{dead.port}" in report["store_error"]
+            assert f"127.0.0.1:{dead.port}" in report["fallback_reason"]
+            assert_accounted(report, usage)
+        # Every key of the scope lived on the dead node: none landed on the others.
+        assert [s.admin.dbsize() for s in cluster.servers if s is not dead] == [0, 0]
+    finally:
+        first.stop()
+        second.stop()
+        cluster.stop()
+    for server in (first, second):
+        assert "Traceback" not in server.log.read_text(errors="replace")
+
+
 # -- the real default model ---------------------------------------------------------------
 
 SOURCE = '''import json

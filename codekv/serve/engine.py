@@ -284,6 +284,8 @@ class Engine:
                 pending.append((p, after(segment)))
         if not backend.info.unsupported:
             pending += self._lost_in_prefix(composer, segments, n, len(ids), piece, after)
+        if licensed and self.store.error:  # its lookups failed: every segment was a miss
+            refusals["store"] = f"the chunk store failed: {self.store.error}"
         outcome.fallback_reason = "; ".join(sorted(set(refusals.values()))) or None
         state = None
         if hits:
@@ -316,7 +318,8 @@ class Engine:
                         prompt_tokens: int, piece, after) -> list:
         """Licensed segments (partly) inside the exact prefix that the store lacks (their entry
         evicted or their write failed since an earlier request): served by the prefix, never
-        reused here, but stored for reuse at another position. One lookup each."""
+        reused here, but stored for reuse at another position. One lookup each; none while
+        the store fails (a miss then says nothing, and storing would fail too)."""
         lost = []
         for segment in segments:
             if segment.start >= n or not (self.experimental
@@ -324,6 +327,8 @@ class Engine:
                 continue
             p = piece(segment)
             if not self.store.contains(composer.chunk_key(p, after(segment))):
+                if self.store.error:
+                    return []
                 lost.append((p, after(segment)))
         return lost
 
