@@ -74,6 +74,7 @@ def agrees_within_floor(reference, messages, reply: str, cuts: list[int],
     return len(tokens)
 
 
+@pytest.mark.model
 def test_composed_and_kept_prefixes_reply_as_full_prefill_within_the_floor(llama_server,
                                                                            reference):
     client = llama_server.client()
@@ -96,6 +97,7 @@ def test_composed_and_kept_prefixes_reply_as_full_prefill_within_the_floor(llama
     assert agrees_within_floor(reference, second, reply, [n], 12) >= 4
 
 
+@pytest.mark.model
 def test_a_request_extending_the_last_takes_its_kept_sequence(llama_server, reference):
     """The next turn of a chat starts with the whole last prompt: kept in a llama.cpp
     sequence, its cells serve as they are (its file inside the prefix is exact-prefix, not
