@@ -229,3 +229,31 @@ def test_kept_cells_stay_within_the_budget(tiny_engine):
     assert len(engine.prefix.entries) == 2
     assert served(engine, PROMPTS[3]).exact_prefix_tokens > 0
     assert served(engine, PROMPTS[0]).exact_prefix_tokens == 0
+
+
+def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_path,
+                                                                 monkeypatch):
+    """More sequences than llama.cpp allows: the context cannot be made, so ``codekv serve``
+    stops at start with what to change, and the backend keeps the context it had."""
+    from click.testing import CliRunner
+
+    from codekv.backends import KeptSequencesError
+    from codekv.cli import main
+    from codekv.serve import llamacpp_engine
+
+    backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
+    try:
+        with pytest.raises(KeptSequencesError, match="cannot make a context"):
+            backend.keep_sequences(4096, 4096)
+        assert backend.kept_sequences == 0
+        assert backend.prefill_chunk([1, 2, 3]).n_tokens == 3  # still usable
+    finally:
+        backend.close()
+
+    monkeypatch.setenv("CODEKV_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(llamacpp_engine, "KEPT_SEQUENCES", 4096)
+    result = CliRunner().invoke(main, ["serve", "--backend", "llama.cpp", "--model",
+                                       str(tiny_gguf), "--store", str(tmp_path / "kv")])
+    assert result.exit_code == 1, result.output
+    assert "cannot make a context" in result.output and "--prefix-cache-mb" in result.output
+    assert "Traceback" not in result.output

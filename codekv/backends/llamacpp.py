@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
+from codekv.backends import KeptSequencesError, ModelInfo, UnsupportedModel, mean_nll
 from codekv.backends.engines import LLAMA_CPP
 from codekv.backends.llamacpp_attention import AttentionReader
 from codekv.stores.entry import BadEntry, KVEntry
@@ -361,8 +361,9 @@ class LlamaCppBackend:
         ctx = L.llama_init_from_model(self._model, self._context_params(kept=True))
         if not ctx:
             self.kept_sequences, self.kept_cells = previous
-            raise ValueError(f"llama.cpp cannot make a context of {self.n_ctx + cells} cells "
-                             f"and {KEPT_FIRST + count} sequences for {self.path}")
+            raise KeptSequencesError(f"llama.cpp cannot make a context of "
+                                     f"{self.n_ctx + cells} cells and {KEPT_FIRST + count} "
+                                     f"sequences for {self.path}")
         L.llama_free(self._ctx)
         self._ctx, self._mem = ctx, L.llama_get_memory(ctx)
         self._ticket += 1

@@ -108,6 +108,7 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
     except ImportError as error:
         raise click.ClickException(f"codekv serve needs the 'serve' extra: pip install "
                                    f"'codekv[serve]' ({error})") from error
+    from codekv.backends import KeptSequencesError
     from codekv.gate import SupportGate
     from codekv.models import ModelLoadError, load_backend
 
@@ -125,10 +126,14 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
     pipeline_class = Engine
     if backend.info.engine == LLAMA_CPP:  # the exact prefix in llama.cpp's own sequences
         from codekv.serve.llamacpp_engine import LlamaCppEngine as pipeline_class
-    pipeline = pipeline_class(backend, kv_store, gate, experimental=experimental,
-                              strategy=strategy, ratio=ratio,
-                              min_segment_tokens=min_segment_tokens, known_code=known_code,
-                              max_queue=max_queue, prefix_budget_bytes=prefix_cache_mb << 20)
+    try:
+        pipeline = pipeline_class(backend, kv_store, gate, experimental=experimental,
+                                  strategy=strategy, ratio=ratio,
+                                  min_segment_tokens=min_segment_tokens, known_code=known_code,
+                                  max_queue=max_queue, prefix_budget_bytes=prefix_cache_mb << 20)
+    except KeptSequencesError as error:  # llama.cpp allocates the kept prompts' cells up front
+        raise click.ClickException(f"{error}: give a smaller --prefix-cache-mb (0 keeps no "
+                                   "recent prompts)") from error
     name = served_model_name or _model_name(model)
     scope = os.environ.get(SCOPE_ENV) or "serve"
     app = create_app(pipeline, name, keys, scope)
