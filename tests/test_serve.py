@@ -126,6 +126,8 @@ def test_composed_with_all_replies_as_full_prefill_streamed_or_not(exact_server)
     full, report, usage, status = ask(client, messages, max_tokens=24)
     assert status == report["status"] == "full-prefill"  # nothing stored yet, no prefix cache
     assert report["segments_stored"] == 2
+    # Each stored block is run after the system message its key names.
+    assert report["stored_tokens"] > tiny_tokens(OTHER) + tiny_tokens(FILE)
     # The text around the blocks is a passage, which the gate does not license: not reused.
     assert "rag failed its evaluation" in report["fallback_reason"]
     assert_accounted(report, usage)
@@ -705,3 +707,53 @@ def test_the_default_gguf_served_on_llama_cpp(tmp_path_factory, model_cache):
         assert text == plain
     finally:
         server.stop()
+
+
+def test_exact_only_reuses_no_segment(tiny_model_dir, tiny_support, tmp_path):
+    """``--reuse exact-only`` (the replay benchmark's baseline): a file re-sent at a new
+    position is computed again, and nothing goes to the chunk store."""
+    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY,
+                           "--min-segment-tokens", "8", "--reuse", "exact-only"],
+                          tmp_path / "home", tiny_support).wait()
+    try:
+        client = server.client()
+        _, report, _, _ = ask(client, chat(FILE, lead="First look."))
+        assert report["status"] == "full-prefill" and report["segments_stored"] == 0
+        _, report, usage, _ = ask(client, chat(OTHER, FILE))
+        assert report["status"] == "exact-prefix" and report["reused_tokens"] == 0
+        assert report["segments_reused"] == report["segments_stored"] == 0
+        assert report["stored_tokens"] == 0
+        assert report["fallback_reason"] is None
+        assert_accounted(report, usage)
+    finally:
+        server.stop()
+
+
+def test_a_forced_continuation_is_the_reply_and_scored(exact_server, tiny_model_dir):
+    """``codekv.continuation``: the reply is that text, and each token's NLL is reported, as
+    the backend scores it after full prefill of the prompt."""
+    from codekv.backends import mean_nll
+    from codekv.models import load_backend
+
+    client = exact_server.client()
+    messages = chat(FILE, lead="A new look.")
+    continuation = "It returns width * height."
+    reply = client.chat.completions.create(
+        model=TINY, messages=messages, temperature=0, max_tokens=64,
+        extra_body={"codekv": {"continuation": continuation}})
+    report = reply.model_extra["codekv"]
+    assert reply.choices[0].message.content == continuation
+    backend = load_backend(str(tiny_model_dir))
+    ids, _ = backend.tokenize_prompt(backend.render_chat(messages))
+    forced = backend.tokenize(continuation)
+    assert len(report["continuation_nll"]) == len(forced) == reply.usage.completion_tokens
+    expected = mean_nll(backend, backend.full_prefill(ids), forced)
+    assert sum(report["continuation_nll"]) / len(forced) == pytest.approx(expected, abs=1e-4)
+    # max_tokens cuts it: only the first tokens are forced and scored.
+    reply = client.chat.completions.create(
+        model=TINY, messages=messages, temperature=0, max_tokens=3,
+        extra_body={"codekv": {"continuation": continuation}})
+    assert len(reply.model_extra["codekv"]["continuation_nll"]) == 3
+    bad = httpx.post(exact_server.url + "/v1/chat/completions",
+                     json={"model": TINY, "messages": messages, "codekv": {"continuation": 3}})
+    assert bad.status_code == 400 and error_of(bad)["param"] == "codekv"

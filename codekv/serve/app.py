@@ -144,6 +144,19 @@ def _sampling(body: dict, max_positions: int, default_max: int | None) -> Sampli
                     seed=seed, stop=[s for s in stops if s])
 
 
+def _continuation(body: dict) -> str | None:
+    """``codekv.continuation``: text forced as the reply, each token's NLL reported (how the
+    replay benchmark scores a recorded reply under a composed state)."""
+    extension = body.get("codekv")
+    if extension is None:
+        return None
+    if not (isinstance(extension, dict) and set(extension) <= {"continuation"}
+            and isinstance(extension.get("continuation"), str) and extension["continuation"]):
+        raise _bad("codekv must be an object whose only field, continuation, is a non-empty "
+                   "string", "codekv")
+    return extension["continuation"]
+
+
 def _content(message: dict, index: int) -> str:
     content = message.get("content")
     if content is None:
@@ -268,10 +281,12 @@ def create_app(engine: Engine, model_id: str, api_keys: list[str] | None = None,
                 return Prompt(text, [text])
         sampling = _sampling(body, max_positions,
                              None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS)
+        continuation = _continuation(body)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         job = Job(job_scope, prompt, sampling,
-                  lambda event: loop.call_soon_threadsafe(events.put_nowait, event), chat)
+                  lambda event: loop.call_soon_threadsafe(events.put_nowait, event), chat,
+                  continuation)
         endpoint = "chat" if chat else "completions"
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())

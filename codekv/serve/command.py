@@ -11,6 +11,7 @@ import click
 from codekv.backends.engines import ENGINES, LLAMA_CPP, TRANSFORMERS
 from codekv.cli_types import StoreParam
 from codekv.selection import STRATEGIES
+from codekv.serve import COMPOSE, REUSE_MODES
 
 LOOPBACK = {"localhost"}
 
@@ -85,10 +86,16 @@ def _repo_code(repos: tuple[str, ...], index_dir: Path | None) -> frozenset[str]
               type=click.IntRange(min=1), help="Smallest block reused as a segment.")
 @click.option("--max-queue", default=16, show_default=True, type=click.IntRange(min=1),
               help="Requests that may wait for the model; beyond them 503 with Retry-After.")
+@click.option("--reuse", default=COMPOSE, show_default=True, type=click.Choice(REUSE_MODES),
+              help="What a prompt may reuse: compose (exact prefix, then stored segments), "
+                   "exact-only (the exact prefix alone), shift-only (the previous prompt's "
+                   "runs of --min-segment-tokens shifted into place, as llama-server's "
+                   "--cache-reuse); the last two are baselines for benchmarks/bench_serve.py.")
 @click.option("--prefix-cache-mb", default=2048, show_default=True, type=click.IntRange(min=0),
               help="Memory for recent prompts' KV (the exact-prefix cache).")
 def serve_command(repos, model, engine, served_model_name, store, host, port, api_keys,
-                  experimental, strategy, ratio, min_segment_tokens, max_queue, prefix_cache_mb):
+                  experimental, strategy, ratio, min_segment_tokens, max_queue, reuse,
+                  prefix_cache_mb):
     """Serve the model over an OpenAI-compatible HTTP API, reusing what clients re-send."""
     from codekv import paths
     from codekv.stores import SCOPE_ENV, StoreSpecError, default_kv_store
@@ -130,10 +137,13 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
         pipeline = pipeline_class(backend, kv_store, gate, experimental=experimental,
                                   strategy=strategy, ratio=ratio,
                                   min_segment_tokens=min_segment_tokens, known_code=known_code,
-                                  max_queue=max_queue, prefix_budget_bytes=prefix_cache_mb << 20)
+                                  max_queue=max_queue, prefix_budget_bytes=prefix_cache_mb << 20,
+                                  reuse=reuse)
     except KeptSequencesError as error:  # llama.cpp allocates the kept prompts' cells up front
         raise click.ClickException(f"{error}: give a smaller --prefix-cache-mb (0 keeps no "
                                    "recent prompts)") from error
+    except ValueError as error:  # a --reuse the engine cannot serve
+        raise click.ClickException(f"--reuse {reuse}: {error}") from error
     name = served_model_name or _model_name(model)
     scope = os.environ.get(SCOPE_ENV) or "serve"
     app = create_app(pipeline, name, keys, scope)

@@ -15,6 +15,11 @@ three parts, each counted apart:
 New segments of a licensed class are stored for next time (computed after what their key says)
 once the reply is done. Only KV that is exact (a full prefill's, an exact prefix's, a composed
 request's tokens before its first reused segment) enters the exact-prefix cache.
+
+``reuse`` selects what a request may reuse: ``compose`` (the above), ``exact-only`` (part 1 alone,
+as llama-server without ``--cache-reuse``) or ``shift-only`` (``codekv.serve.shift``: the
+previous prompt's runs shifted into place, as llama-server's ``--cache-reuse``): the baselines
+``benchmarks/bench_serve.py`` measures composition against.
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ from codekv.gate import GateRequest, SupportGate
 from codekv.selection import Segment as SelectionSegment
 from codekv.selection import SelectionContext
 from codekv.selection import strategy as make_strategy
+from codekv.serve import COMPOSE, EXACT_ONLY, REUSE_MODES, SHIFT_ONLY
 from codekv.serve import segments as seg
 from codekv.serve.prefix import ExactPrefixLRU
+from codekv.serve.shift import ShiftSlots
 
 log = logging.getLogger("codekv.serve")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -103,12 +110,17 @@ class Outcome:
     segments: int = 0  # reusable segments found after the exact prefix
     segments_reused: int = 0
     segments_stored: int = 0
+    stored_tokens: int = 0  # tokens run to store them: each after what its key says
     store_error: str | None = None
+    # With a forced continuation: each of its tokens' NLL (nats) after the prompt's state.
+    continuation_nll: list[float] | None = None
 
     def as_json(self) -> dict:
         data = dict(self.__dict__)
         data["ttft_s"] = round(self.ttft_s, 4)
         data["queue_s"] = round(self.queue_s, 4)
+        if self.continuation_nll is None:
+            del data["continuation_nll"]
         return data
 
 
@@ -123,6 +135,7 @@ class Job:
     sampling: Sampling
     emit: Callable[[tuple], None]
     chat: bool = True
+    continuation: str | None = None  # text to force as the reply, scoring each token
     cancelled: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -138,7 +151,9 @@ class Engine:
                  strategy: str = AUTO, ratio: float | None = None,
                  min_segment_tokens: int = seg.MIN_TOKENS,
                  known_code: frozenset[str] = frozenset(), max_queue: int = 16,
-                 prefix_budget_bytes: int | None = None):
+                 prefix_budget_bytes: int | None = None, reuse: str = COMPOSE):
+        if reuse not in REUSE_MODES:
+            raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, not {reuse!r}")
         self.backend = backend
         self.store = store
         self.gate = gate
@@ -148,6 +163,9 @@ class Engine:
         self.min_segment_tokens = min_segment_tokens
         self.known_code = known_code
         self.prefix = self._exact_prefix_cache(prefix_budget_bytes)
+        self.reuse = reuse
+        self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
+                      if reuse == SHIFT_ONLY else None)
         self._composers: dict[str, Composer] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.busy = False
@@ -226,7 +244,10 @@ class Engine:
         outcome.ttft_s = time.perf_counter() - started
         outcome.store_error = self.store.error
         job.emit(("prefilled", outcome))
-        finish, count = self._generate(state, job)
+        forced = None if job.continuation is None else backend.tokenize(job.continuation)
+        if forced is not None:
+            outcome.continuation_nll = []
+        finish, count = self._generate(state, job, forced, outcome)
         job.emit(("done", finish, count))
         composer = self._composer(job.scope)
         for piece, after in pending:  # for next time, once the reply is out
@@ -251,6 +272,8 @@ class Engine:
                  system_tokens: int, outcome: Outcome):
         """The request state of ``ids`` and the segments to store after the reply."""
         backend = self.backend
+        if self.slots is not None:
+            return self.slots.prefill(scope, ids, outcome), []
         n, prefix_kv = self.prefix.longest(scope, ids)
         n = min(n, len(ids) - 1)  # the last token's logits are computed, never cached
         composer = self._composer(scope)
@@ -267,6 +290,8 @@ class Engine:
         if backend.info.unsupported:
             refusals = {"model": f"unsupported: {backend.info.unsupported}"}
             licensed = []
+        if self.reuse == EXACT_ONLY:
+            refusals, licensed = {}, []
 
         def after(segment: seg.Segment) -> list[int]:
             return ids[:system_tokens] if segment.start >= system_tokens else []
@@ -282,7 +307,7 @@ class Engine:
                 hits.append((segment, verdict, p))
             else:
                 pending.append((p, after(segment)))
-        if not backend.info.unsupported:
+        if not backend.info.unsupported and self.reuse == COMPOSE:
             pending += self._lost_in_prefix(composer, segments, n, len(ids), piece, after)
         if licensed and self.store.error:  # its lookups failed: every segment was a miss
             refusals["store"] = f"the chunk store failed: {self.store.error}"
@@ -312,6 +337,7 @@ class Engine:
         if exact > 0:  # composed: only the tokens before its first reused segment are exact
             self._keep_prefix(scope, ids[:exact], state)
         outcome.segments_stored = len(pending)
+        outcome.stored_tokens = sum(len(after) + len(p.ids) for p, after in pending)
         return state, pending
 
     def _lost_in_prefix(self, composer: Composer, segments: list[seg.Segment], n: int,
@@ -405,11 +431,15 @@ class Engine:
         return state, reused[0].start
 
     # -- the reply -----------------------------------------------------------------------
-    def _generate(self, state, job: Job) -> tuple[str, int]:
-        """Sample the reply into ``job.emit`` as text deltas; (finish_reason, tokens)."""
+    def _generate(self, state, job: Job, forced: list[int] | None = None,
+                  outcome: Outcome | None = None) -> tuple[str, int]:
+        """Sample the reply into ``job.emit`` as text deltas; (finish_reason, tokens). With
+        ``forced`` tokens, those are the reply, and each one's NLL goes to ``outcome``."""
         backend, sampling = self.backend, job.sampling
         room = backend.info.max_positions - state.length
         budget = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        if forced is not None:
+            budget = min(budget, len(forced))
         generator = None
         if sampling.temperature > 0:
             generator = torch.Generator()
@@ -424,8 +454,13 @@ class Engine:
             if job.cancelled.is_set():
                 self.cancelled += 1
                 return "cancelled", len(tokens)
-            token = pick(state.logits, sampling.temperature, sampling.top_p, generator)
-            if token in ends:
+            if forced is not None:
+                token = forced[len(tokens)]
+                outcome.continuation_nll.append(
+                    -float(torch.log_softmax(state.logits.float(), dim=-1)[token]))
+            else:
+                token = pick(state.logits, sampling.temperature, sampling.top_p, generator)
+            if token in ends and forced is None:
                 finish = "stop"
                 break
             tokens.append(token)
