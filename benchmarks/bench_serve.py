@@ -1,12 +1,13 @@
 """Replay recorded coding-agent prompts through ``codekv serve`` and measure what it reuses.
 
-For each server mode (``--modes``), a fresh ``codekv serve`` (the default model, transformers,
-127.0.0.1, a chunk store of its own) replays every trajectory: one API key per trajectory, so
-each is a session with its own scope (exact-prefix cache, chunk store scope, shift slot). Calls
-run one after another; before each, the bench waits until the server is idle (an agent reads the
-reply and runs its tools meanwhile), so work done after a reply (storing new segments) is not in
-the next call's TTFT, and its tokens are counted apart (``stored_tokens``). A call the server
-refuses as longer than the model's context is skipped and counted.
+One ``codekv serve`` per server mode (``--modes``; the default model, transformers, 127.0.0.1,
+a chunk store of its own) replays every trajectory: one API key per trajectory, so each is a
+session with its own scope (exact-prefix cache, chunk store scope, shift slot). Each call goes
+to every mode's server in turn, one request at a time, after all of them are idle: the machine's
+load (shared) drifts alike for every mode, and work a server does after a reply (storing new
+segments; an agent meanwhile reads the reply and runs its tools) is not in any call's TTFT: its
+tokens are counted apart (``stored_tokens``). A call the server refuses as longer than the
+model's context is skipped (in every mode) and counted.
 
 Every call is streamed, with the recorded reply forced as the continuation
 (``codekv.continuation``) and ``max_tokens`` = ``--reply-tokens``: the decode is the recorded
@@ -65,7 +66,7 @@ class Server:
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "serve.log"
-        command = [sys.executable, "-m", "codekv.cli", "serve", "--port", str(self.port),
+        command = [sys.executable, "-m", "codekv", "serve", "--port", str(self.port),
                    "--store", str(workdir / "store"), *args]
         if model:
             command += ["--model", model]
@@ -137,31 +138,43 @@ def replay_call(server: Server, key: str, call: rs.Call, reply_tokens: int) -> d
             "completion_tokens": usage["completion_tokens"], "codekv": report}
 
 
-def run_mode(mode: str, trajectories: list[rs.Trajectory], args, log) -> list[dict]:
+def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> list[dict]:
+    """Every call through every mode's server in turn, each server on its own while it works
+    (all idle first), so that the machine's load drifts alike for every mode."""
     keys = [f"trajectory-{i}" for i in range(len(trajectories))]
-    with tempfile.TemporaryDirectory(prefix=f"bench-serve-{mode}-") as workdir:
-        server = Server(MODES[mode], keys, Path(workdir), args.model)
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as workdir:
+        servers = {}
         try:
-            server.wait()
+            for mode in modes:
+                (Path(workdir) / mode).mkdir()
+                servers[mode] = Server(MODES[mode], keys, Path(workdir) / mode, args.model)
+            for server in servers.values():
+                server.wait()
             rows = []
             for key, trajectory in zip(keys, trajectories):
                 replayed = 0
                 for index, call in enumerate(trajectory.calls):
                     if replayed == args.max_calls:
                         break
-                    waited = server.idle()
-                    result = replay_call(server, key, call, args.reply_tokens)
-                    row = {"mode": mode, "agent": trajectory.agent,
-                           "trajectory": trajectory.name, "call": index,
-                           "idle_wait_s": waited, **result}
-                    rows.append(row)
-                    if "error" not in result:
+                    for mode, server in servers.items():
+                        waited = sum(other.idle() for other in servers.values())
+                        result = replay_call(server, key, call, args.reply_tokens)
+                        row = {"mode": mode, "agent": trajectory.agent,
+                               "trajectory": trajectory.name, "call": index,
+                               "idle_wait_s": waited, "loadavg_1m": os.getloadavg()[0],
+                               **result}
+                        rows.append(row)
+                        log(row)
+                        if "error" in result:
+                            break  # too long for one mode is too long for all
+                    else:
                         replayed += 1
-                    log(row)
-            server.idle()
+            for server in servers.values():
+                server.idle()
             return rows
         finally:
-            server.stop()
+            for server in servers.values():
+                server.stop()
 
 
 # -- the summary ---------------------------------------------------------------------------------
@@ -182,8 +195,11 @@ def summarize(rows: list[dict], nll_tokens: int) -> list[dict]:
     for agent, mode in keys:
         mine = [r for r in rows if r["agent"] == agent and r["mode"] == mode]
         served = [r for r in mine if "error" not in r]
-        skipped = [r for r in mine if r.get("error") == "context_length_exceeded"]
-        failed = [r for r in mine if "error" in r and r not in skipped]
+        # A call too long is refused by the first mode's server and not sent to the others.
+        skipped = {(r["trajectory"], r["call"]) for r in rows if r["agent"] == agent
+                   and r.get("error") == "context_length_exceeded"}
+        failed = [r for r in mine if "error" in r
+                  and r.get("error") != "context_length_exceeded"]
         prompt = sum(r["codekv"]["prompt_tokens"] for r in served)
         shares = {p: sum(r["codekv"][p] for r in served) / prompt if prompt else None
                   for p in PARTS}
@@ -269,6 +285,8 @@ def load_trajectories(args) -> list[rs.Trajectory]:
             if not demos:
                 origin["demonstration"] = "left out"
             loaded = rs.load(entry["agent"], local, origin, demos)
+            for trajectory in loaded:
+                trajectory.name = f"{entry['repository'].split('/')[-1]}/{trajectory.name}"
             trajectories += loaded[:entry.get("sessions", len(loaded))]
     for directory in args.generated:
         trajectories.append(rs.generated_aider_session(Path(directory), turns=args.max_calls))
@@ -328,7 +346,6 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows_path = out.with_suffix(".rows.jsonl")
-    rows: list[dict] = []
     with rows_path.open("w") as rows_file:
         def log(row: dict) -> None:
             rows_file.write(json.dumps(row) + "\n")
@@ -340,12 +357,12 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
 
         started = time.time()
-        for mode in modes:
-            rows += run_mode(mode, trajectories, args, log)
+        rows = replay(modes, trajectories, args, log)
     summary = summarize(rows, args.nll_tokens)
     result = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
         "machine": machine(), "wall_s": round(time.time() - started, 1),
+        "loadavg_1m_median": statistics.median(r["loadavg_1m"] for r in rows),
         "settings": {k: v for k, v in vars(args).items()},
         "trajectories": [{"agent": t.agent, "name": t.name, "origin": t.origin,
                           "calls_recorded": len(t.calls)} for t in trajectories],
