@@ -60,7 +60,8 @@ PARTS = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled
 class Server:
     """``codekv serve`` as a subprocess on a free port of 127.0.0.1."""
 
-    def __init__(self, args: list[str], keys: list[str], workdir: Path, model: str | None):
+    def __init__(self, args: list[str], keys: list[str], workdir: Path, model: str | None,
+                 threads: int):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -73,6 +74,7 @@ class Server:
         for key in keys:
             command += ["--api-key", key]
         env = {k: v for k, v in os.environ.items() if k not in ("CODEKV_STORE", "CODEKV_API_KEY")}
+        env["OMP_NUM_THREADS"] = str(threads)  # torch's threads: on shared cores, fewer spin
         self.process = subprocess.Popen(command, stdout=self.log.open("wb"),
                                         stderr=subprocess.STDOUT, env=env)
 
@@ -147,7 +149,8 @@ def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> li
         try:
             for mode in modes:
                 (Path(workdir) / mode).mkdir()
-                servers[mode] = Server(MODES[mode], keys, Path(workdir) / mode, args.model)
+                servers[mode] = Server(MODES[mode], keys, Path(workdir) / mode, args.model,
+                                       args.threads)
             for server in servers.values():
                 server.wait()
             rows = []
@@ -329,8 +332,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nll-tokens", type=int, default=16,
                         help="Reply tokens ΔNLL is measured over.")
     parser.add_argument("--model", default=None, help="Model for the server [its default].")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="Each server's torch threads (OMP_NUM_THREADS).")
     parser.add_argument("--out", default="results/serve_replay.json")
+    parser.add_argument("--summarize", metavar="ROWS",
+                        help="Only print the table of a run's rows file (.rows.jsonl), "
+                             "finished or not.")
     args = parser.parse_args(argv)
+    if args.summarize:
+        rows = [json.loads(line) for line in Path(args.summarize).read_text().splitlines()]
+        print(table(summarize(rows, args.nll_tokens)))
+        return 0
     if args.generated is None:
         args.generated = [str(Path(wsgiref.__file__).parent)]
     args.generated = [g for g in args.generated if g != "none"]
