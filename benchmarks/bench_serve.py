@@ -61,14 +61,15 @@ class Server:
     """``codekv serve`` as a subprocess on a free port of 127.0.0.1."""
 
     def __init__(self, args: list[str], keys: list[str], workdir: Path, model: str | None,
-                 threads: int):
+                 threads: int, min_segment_tokens: int):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "serve.log"
         command = [sys.executable, "-m", "codekv", "serve", "--port", str(self.port),
-                   "--store", str(workdir / "store"), *args]
+                   "--store", str(workdir / "store"), "--min-segment-tokens",
+                   str(min_segment_tokens), *args]
         if model:
             command += ["--model", model]
         for key in keys:
@@ -150,7 +151,7 @@ def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> li
             for mode in modes:
                 (Path(workdir) / mode).mkdir()
                 servers[mode] = Server(MODES[mode], keys, Path(workdir) / mode, args.model,
-                                       args.threads)
+                                       args.threads, args.min_segment_tokens)
             for server in servers.values():
                 server.wait()
             rows = []
@@ -332,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nll-tokens", type=int, default=16,
                         help="Reply tokens ΔNLL is measured over.")
     parser.add_argument("--model", default=None, help="Model for the server [its default].")
+    parser.add_argument("--min-segment-tokens", type=int, default=256,
+                        help="Every server's --min-segment-tokens: the smallest segment "
+                             "composed, and the shortest run shift-only moves (llama.vim's "
+                             "advice for --cache-reuse is 256).")
     parser.add_argument("--threads", type=int, default=1,
                         help="Each server's torch threads (OMP_NUM_THREADS).")
     parser.add_argument("--out", default="results/serve_replay.json")
