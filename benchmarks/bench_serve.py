@@ -23,7 +23,7 @@ gate's rule: classes without evidence are computed in place) and ``compose-exper
 (every class reused).
 
     python benchmarks/bench_serve.py --data DIR --manifest benchmarks/data/replay_sources.json \\
-        --out results/serve_replay.json
+        --out benchmarks/results/serve_replay.json
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                              "advice for --cache-reuse is 256).")
     parser.add_argument("--threads", type=int, default=1,
                         help="Each server's torch threads (OMP_NUM_THREADS).")
-    parser.add_argument("--out", default="results/serve_replay.json")
+    parser.add_argument("--out", default="benchmarks/results/serve_replay.json")
     parser.add_argument("--summarize", metavar="ROWS",
                         help="Only print the table of a run's rows file (.rows.jsonl), "
                              "finished or not.")
