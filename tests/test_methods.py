@@ -58,3 +58,22 @@ def test_conditioning_crosses_every_strategy():
     assert "--conditioning" not in command.canonical_command(EvalConfig())
     assert "--conditioning prefix,graph " in command.canonical_command(
         EvalConfig(conditioning=("prefix", "graph")))
+
+
+def test_shift_only_is_an_evaluated_baseline_the_gate_never_picks():
+    """``shift-only`` runs at ratio 0 under every conditioning, is accepted by --strategies,
+    and is no gate candidate even when its figures would pass."""
+    from conftest import fake_row
+
+    from codekv.eval.support import gate_entries
+
+    composed = methods.composition_methods(("shift-only", "none"), (0.1,),
+                                           ("prefix", "none"))
+    assert [m.label for m in composed] == ["shift-only", "none", "shift-only+none", "none+none"]
+    assert command._strategies("shift-only,query@0.15") == ("shift-only", "query@0.15")
+    assert "shift-only" not in methods.GATE_STRATEGIES
+    rows = [fake_row("shift-only", speedup=9.0, recompute=0.0),
+            fake_row("boundary@0.15", delta=0.2)]
+    [entry] = gate_entries(rows, "llama")
+    assert not entry["passed"] and [c["method"] for c in entry["candidates"]] == [
+        "boundary@0.15"]

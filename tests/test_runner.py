@@ -181,3 +181,30 @@ def test_peer_methods_run_on_the_same_tokens(tiny_backend, tmp_path):
     assert passage.context_tokens == full.context_tokens
     assert passage.recompute_ratio == 0  # every piece reused (then repaired by its CacheBlend)
     assert passage.kl > 1e-4  # no re-positioning: not full prefill
+
+
+def test_shift_only_is_the_stored_chunk_kv_in_the_previous_requests_order(
+        engine_backend, tmp_path, monkeypatch):
+    """``shift-only`` composes nothing but the stored chunk KV, shifted into the order the
+    previous request held the chunks in (the reordered reference's): where that order is the
+    task's own it is ``none``, measure for measure; where it changed, its answer is the one
+    ``none`` gives over the old order, scored independently by the backend, not ``none``'s."""
+    composer = Composer(engine_backend, None, store=LocalKVStore(tmp_path / "kv"),
+                        experimental=True)
+    backend, t = engine_backend, task()
+    composition = runner.Composition(methods.composition_methods(("none", "shift-only")))
+    _, none, shifted = runner.run_task(composer, t, [composition])
+    assert (shifted.method, shifted.kind, shifted.recomputed_tokens) == (
+        "shift-only", "composition", 0)
+    old = runner.reordered(t)
+    assert runner.previous_order(t) == old != CONTEXT
+    alone = composer.compose(old, t.query, strategy="none").state
+    expected = backend.score(alone, backend.tokenize(t.answer))
+    assert shifted.nll == pytest.approx(expected, abs=1e-6)
+    assert abs(shifted.nll - none.nll) > 1e-5  # the order moved it (the GGUF's by 4e-5)
+
+    monkeypatch.setattr(runner, "previous_order", lambda task: list(task.context))
+    _, none, shifted = runner.run_task(composer, t, [composition])
+    same = ("nll", "kl", "agreement", "edit_similarity", "context_tokens", "recompute_ratio")
+    assert [getattr(shifted, k) for k in same] == pytest.approx(
+        [getattr(none, k) for k in same], abs=1e-6)

@@ -12,7 +12,14 @@ from rich.console import Console
 from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
-from codekv.eval.methods import PARTIAL_STRATEGIES, PEERS, PRUNING_RULES, composition_methods
+from codekv.eval.methods import (
+    EVAL_STRATEGIES,
+    PARTIAL_STRATEGIES,
+    PEERS,
+    PRUNING_RULES,
+    SHIFT_ONLY,
+    composition_methods,
+)
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.eval.registry import OTHER_REPOS, WORKLOADS
 from codekv.grammars import LANGUAGES
@@ -30,7 +37,7 @@ def _floats(text: str | None) -> tuple[float, ...] | None:
     return values
 
 
-def _names(text: str | None, choices=PARTIAL_STRATEGIES,
+def _names(text: str | None, choices=EVAL_STRATEGIES,
            what="strategies") -> tuple[str, ...] | None:
     if text is None:
         return None
@@ -144,7 +151,8 @@ def canonical_command(config) -> str:
               help="Recompute ratios, comma-separated [0,0.05,0.1,0.15,0.25; --quick 0.15].")
 @click.option("--strategies", default=None,
               help="Strategies, comma-separated; NAME@RATIO runs one at that ratio only ["
-                   + ",".join(PARTIAL_STRATEGIES) + "].")
+                   + ",".join(PARTIAL_STRATEGIES) + "; also " + SHIFT_ONLY + ": the chunks "
+                   "in the previous request's order, nothing recomputed].")
 @click.option("--conditioning", default=None,
               help="What chunk KV is computed after, comma-separated; each crosses every "
                    "strategy [" + DEFAULT_CONDITIONING + "; choose from "

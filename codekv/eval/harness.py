@@ -377,7 +377,8 @@ def _runnable(strategies: tuple[str, ...], backend, notes: list[str]) -> tuple[s
     kept = []
     for entry in strategies:
         name = methods.split_entry(entry)[0]
-        rule = make_strategy(name)
+        # shift-only composes with ``none`` (over the chunks in another order)
+        rule = make_strategy("none" if name == methods.SHIFT_ONLY else name)
         reason = rule_refusal(backend, rule)
         if reason:
             notes.append(f"{name}: refused on {backend.info.engine}: {reason}")

@@ -3,7 +3,10 @@ torch: the command line lists and checks these names before anything heavy loads
 
 - ``composition``: codekv's selection strategies (``codekv.selection.STRATEGIES``) at recompute
   ratios, except one that recomputes everything (it is full prefill at a higher cost; the
-  reference row measures that);
+  reference row measures that), and ``shift-only``: the chunks' stored KV shifted into place
+  in the order an earlier request held them, nothing recomputed (what an engine's KV shift can
+  reuse when it cannot reorder, llama-server's ``--cache-reuse``; docs/semantics.md). It is a
+  baseline, never a gate candidate: it answers with the chunks in another order;
 - ``pruning``: KV pruning rules (``RULES``, run through kvpress by ``codekv.eval.pruning``) at
   KV budgets, the share of context KV kept;
 - ``peer``: the peer library's variants (``PEERS``, run by ``codekv.eval.peer``).
@@ -41,6 +44,10 @@ PARTIAL_STRATEGIES = tuple(name for name, cls in SELECTION.items() if not cls.re
 # What a request may be composed with, so what the gate may pick: not the baseline that skips
 # re-positioning (it only shows the damage).
 GATE_STRATEGIES = tuple(name for name in PARTIAL_STRATEGIES if SELECTION[name].reposition)
+# The evaluation's own baseline (``codekv.eval.runner.Composition``): the strategy ``none``
+# over the chunks in the previous request's order (``runner.reordered``).
+SHIFT_ONLY = "shift-only"
+EVAL_STRATEGIES = (*PARTIAL_STRATEGIES, SHIFT_ONLY)  # what --strategies accepts
 RATIOS = (0.0, 0.05, 0.10, 0.15, 0.25)
 BUDGETS = (0.25, 0.5)  # share of the context KV kept
 PEERS = ("kvboost", "kvboost-passage")
@@ -79,6 +86,11 @@ RULES = {rule.name: rule for rule in (
 PRUNING_RULES = tuple(RULES)
 
 
+def ratio_free(strategy: str) -> bool:
+    """Whether a composition strategy recomputes a fixed share (none), so runs at ratio 0."""
+    return strategy == SHIFT_ONLY or SELECTION[strategy].ratio_free
+
+
 def rule_name(strategy: str, conditioning: str, kind: str = "composition") -> str:
     """The strategy, with the conditioning when it is not the default (``query+graph``)."""
     if kind == "composition" and conditioning != DEFAULT_CONDITIONING:
@@ -103,7 +115,7 @@ class Method:
     @property
     def label(self) -> str:
         if self.kind == "reference" or (self.kind == "composition"
-                                        and SELECTION[self.strategy].ratio_free):
+                                        and ratio_free(self.strategy)):
             return self.rule
         if self.kind == "pruning":
             return f"{self.strategy}@kv{self.ratio:g}"
@@ -130,7 +142,7 @@ def composition_methods(strategies=PARTIAL_STRATEGIES, ratios=RATIOS,
     for conditioning in conditionings:
         for entry in strategies:
             name, fixed = split_entry(entry)
-            if SELECTION[name].ratio_free:
+            if ratio_free(name):
                 out.append(Method(name, 0.0, conditioning=conditioning))
             elif fixed is not None:
                 out.append(Method(name, fixed, conditioning=conditioning))

@@ -40,7 +40,7 @@ import torch
 from codekv.compose import Composer
 from codekv.divergence import kl_divergence
 from codekv.eval.measures import Measure
-from codekv.eval.methods import FULL_REORDERED, REFERENCE, Method
+from codekv.eval.methods import FULL_REORDERED, REFERENCE, SHIFT_ONLY, Method
 from codekv.eval.scores import score
 from codekv.eval.workloads import Task
 
@@ -74,7 +74,11 @@ class MethodRunner(Protocol):
 class Composition:
     """codekv's strategies. The chunk store is filled first, per conditioning, so every
     composed TTFT is cache-warm and includes reading the store; filling it is the offline
-    cost (``offline``: seconds and tokens through the model for the task, by conditioning)."""
+    cost (``offline``: seconds and tokens through the model for the task, by conditioning).
+
+    ``shift-only`` is ``none`` over the chunks in the previous request's order
+    (``previous_order``): their stored KV shifted to contiguous positions in that order,
+    nothing recomputed, scored against full prefill of the task's own order."""
 
     methods: list[Method]
     tasks: int | None = None
@@ -92,6 +96,11 @@ class Composition:
             self.offline[conditioning] = (time.perf_counter() - started,
                                           composer.counters.chunk_prefill_tokens - tokens)
         for method in self.methods:
+            if method.strategy == SHIFT_ONLY:
+                yield method, composer.compose(previous_order(task), task.query, prefix,
+                                               strategy="none", ratio=0.0,
+                                               conditioning=method.conditioning)
+                continue
             yield method, composer.compose(task.context, task.query, prefix,
                                            strategy=method.strategy, ratio=method.ratio,
                                            conditioning=method.conditioning)
@@ -116,12 +125,20 @@ class Reordered:
 
 
 def reordered(task: Task) -> list:
-    """The task's context in another order, the same for every run of the task."""
+    """The task's context in another order, the same for every run of the task (with fewer
+    than two items, the only order there is)."""
     order = list(range(len(task.context)))
     rng = random.Random(f"reordered:{task.id}")
-    while order == sorted(order):
+    while len(order) > 1 and order == sorted(order):
         rng.shuffle(order)
     return [task.context[i] for i in order]
+
+
+def previous_order(task: Task) -> list:
+    """The order in which the previous request held the task's chunks: ``reordered``'s, the
+    one ``full-reordered`` prefills. An agent that read the same chunks before in another order
+    is what an engine that can only shift cached KV (not reorder it) meets."""
+    return reordered(task)
 
 
 @dataclass
