@@ -11,6 +11,7 @@ import pygit2
 import pytest
 from click.testing import CliRunner
 from conftest import (
+    COVERS,
     EVIDENCE,
     HAND,
     RESULT_ROW_KEYS,
@@ -153,6 +154,39 @@ def test_the_command_reproduces_peers_and_throughput():
 
 
 @pytest.mark.model
+def test_confirm_gate_confirms_each_engines_entry_on_its_own_model(tmp_path, git_repo):
+    """One file holds a transformers entry (model m1, written last) and a llama.cpp one (g1):
+    a llama.cpp held-out run on g1 confirms the llama.cpp entry and leaves the other alone."""
+    from types import SimpleNamespace
+
+    from codekv.eval.harness import EvalConfig
+
+    path = tmp_path / "support.json"
+    [gguf] = [{**e, "covers": {**COVERS["code-qa"], "models": [{"fingerprint": "g1",
+                                                                "name": None}]}}
+              for e in gate_entries([fake_row("query@0.15")], "llama", model="g1",
+                                    engine="llama.cpp")]
+    llama_cpp = support_document([gguf], EVIDENCE + " --backend llama.cpp",
+                                 {"family": "llama", "fingerprint": "g1"}, {})
+    ours = evidence_document([fake_row("query@0.15")])
+    write_json(path, support_document(ours["entries"], EVIDENCE, ours["model"], {}, llama_cpp))
+    assert read_support_document(path)["model"]["fingerprint"] == "m1"
+    config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+                        strategies=("query@0.15",), backend="llama.cpp")
+    chunks = indexed(git_repo, HAND).chunks()
+    result = SimpleNamespace(rows=[fake_row("query@0.15")], seconds=60.0, machine={},
+                             resumed_tasks=0, model={"family": "llama", "fingerprint": "g1"},
+                             measures=[fake_measure("query@0.15", 0.0, 1.0, "code-qa")],
+                             tasks=[workloads.Task("code-qa", "t", "completion", chunks, "", "",
+                                                   "")])
+    lines = command.confirm(path, result, config, "codekv eval --backend llama.cpp ...")
+    assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
+                     "query@0.15"]
+    by_engine = {e["backend"]: e for e in read_support_document(path)["entries"]}
+    assert by_engine["llama.cpp"]["held_out"]["passed"] is True
+    assert "held_out" not in by_engine["transformers"]
+
+
 def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
     import codekv.models
 

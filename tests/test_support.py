@@ -1,5 +1,5 @@
-"""The gate's verdicts follow the thresholds on intervals, a support file keeps other
-workloads' entries of the same model, and held-out tasks confirm or refuse a pass."""
+"""The gate's verdicts follow the thresholds on intervals, a support file keeps the entries a
+run did not measure again, and held-out tasks confirm or refuse a pass."""
 
 from __future__ import annotations
 
@@ -100,16 +100,18 @@ def test_gate_without_a_passing_strategy_says_why_and_the_gate_refuses(tmp_path)
         "hybrid+graph@0.05", "hybrid", "graph")
 
 
-def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path):
-    """Workloads evaluated by separate runs share one support file; each entry names its own
-    command, a re-evaluated pair is replaced, and another model's entries are never mixed in."""
+def test_a_new_run_keeps_the_entries_it_did_not_measure_again(tmp_path):
+    """Workloads, engines and models evaluated by separate runs share one support file; each
+    entry names its own command and model, and only an entry for the same engine, family,
+    workload and model is replaced (the gate tells models apart by the entry's own)."""
     model = {"family": "llama", "fingerprint": "m1"}
     code, rag = gate_entries([fake_row("hybrid@0.15", delta=0.01, workload="code-qa"),
-                              fake_row("none", delta=0.3, workload="rag")], "llama")
+                              fake_row("none", delta=0.3, workload="rag")], "llama", model="m1")
     path = tmp_path / "support.json"
     write_json(path, support_document([code, rag], "codekv eval --workload code-qa --workload "
                                       "rag", model, {}))
-    [rag_again] = gate_entries([fake_row("hybrid@0.15", delta=0.01, workload="rag")], "llama")
+    [rag_again] = gate_entries([fake_row("hybrid@0.15", delta=0.01, workload="rag")], "llama",
+                               model="m1")
     merged = support_document([rag_again], "codekv eval --workload rag", model, {},
                               read_support_document(path))
     by_workload = {entry["workload"]: entry for entry in merged["entries"]}
@@ -120,10 +122,25 @@ def test_a_new_run_keeps_the_other_workloads_entries_of_the_same_model(tmp_path)
     assert by_workload["rag"]["passed"] is True  # the new run's verdict, not the old one
     write_json(path, merged)
     assert "passed its evaluation" in SupportGate.load(path).verdict("llama", "code-qa").reason
-    other = support_document([rag_again], "codekv eval", {"family": "llama",
-                                                          "fingerprint": "m2"}, {},
-                             read_support_document(path))
-    assert [entry["workload"] for entry in other["entries"]] == ["rag"]
+    # Another engine's run (its own model): every transformers entry stays as it was.
+    [llama_cpp] = gate_entries([fake_row("query@0.15", delta=0.2)], "llama", model="g1",
+                               engine="llama.cpp")
+    both = support_document([llama_cpp], "codekv eval --backend llama.cpp", {
+        "family": "llama", "fingerprint": "g1"}, {}, read_support_document(path))
+    assert both["entries"][:2] == read_support_document(path)["entries"]
+    assert [(e["backend"], e["workload"], e["model"]) for e in both["entries"]] == [
+        ("transformers", "code-qa", "m1"), ("transformers", "rag", "m1"),
+        ("llama.cpp", "code-qa", "g1")]
+    assert both["model"]["fingerprint"] == "g1"  # the top level says who wrote last
+    # Another model of the same engine and family: kept beside, not replacing, m1's entry.
+    [rag_m2] = gate_entries([fake_row("none", delta=0.3, workload="rag")], "llama", model="m2")
+    other = support_document([rag_m2], "codekv eval", {"family": "llama", "fingerprint": "m2"},
+                             {}, both)
+    assert [(e["backend"], e["workload"], e["model"]) for e in other["entries"]] == [
+        *[(e["backend"], e["workload"], e["model"]) for e in both["entries"]],
+        ("transformers", "rag", "m2")]
+    problems = SupportGate(other["entries"], "t").problems
+    assert not [p for ps in problems for p in ps if "same engine, model and workload" in p]
 
 
 def test_an_entry_for_other_languages_is_kept_beside_this_one(tmp_path):

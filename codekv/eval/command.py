@@ -293,7 +293,7 @@ def stamp_covers(result) -> None:
 
 def record_gate(path: Path, result, config, command: str) -> str:
     """Write ``result``'s verdicts (``stamp_covers`` first) as the support file at ``path``,
-    keeping the same model's entries of other workloads; the line to report. Raises
+    keeping the entries it did not measure again; the line to report. Raises
     ``SupportFileError`` for a file there that is not a support file (it is left as it is)."""
     from codekv.eval.support import read_support_document, support_document, write_json
 
@@ -305,7 +305,8 @@ def record_gate(path: Path, result, config, command: str) -> str:
     write_json(path, document)
     kept = len(document["entries"]) - len(result.gate)
     return (f"support file written: {path}"
-            + (f" (kept {kept} entries of other workloads from earlier runs)" if kept else ""))
+            + (f" (kept {kept} entries of other workloads, engines or models from earlier "
+               "runs)" if kept else ""))
 
 
 def _run_with_progress(config, evaluate):
@@ -399,16 +400,22 @@ def confirm(path: Path, result, config, command: str) -> list[str]:
     from codekv.eval.support import (
         confirm_entries,
         coverage,
+        evidence_passed,
         read_support_document,
         write_json,
     )
 
     document = read_support_document(path, "--confirm-gate")  # as it is now, not before
     check_held_out(document, config)
-    theirs = (document.get("model") or {}).get("fingerprint")
-    if theirs != result.model.get("fingerprint"):
-        raise click.ClickException(f"{path} was measured on another model ({theirs}); this run's "
-                                   f"is {result.model.get('fingerprint')}")
+    ours = result.model.get("fingerprint")
+    theirs = {entry.get("model") for entry in document["entries"]
+              if entry.get("backend", TRANSFORMERS) == config.backend
+              and entry.get("workload") in config.workloads and evidence_passed(entry)}
+    if ours not in theirs:
+        raise click.ClickException(
+            f"{path}'s passing {config.backend} entries for {', '.join(config.workloads)} were "
+            f"measured on another model ({', '.join(sorted(map(str, theirs)))}); this run's "
+            f"is {ours}")
     run = {"command": command, "engine": config.backend, "seed": config.seed,
            "repos": list(config.repos) if any(WORKLOADS[w].needs_index for w in config.workloads)
            else None,

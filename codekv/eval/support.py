@@ -139,7 +139,8 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
     place; returns what was decided, one line per entry.
 
     Only strategies that passed the entry's evidence run are candidates, held to the entry's
-    own thresholds; the cheapest that passes here too becomes the entry's rule. ``run``
+    own thresholds; the cheapest that passes here too becomes the entry's rule; an entry of
+    another model than the run's (``run["covers"]``) is left alone. ``run``
     (the command, repositories, seed, seconds, tasks resumed from a checkpoint, machine) is
     recorded in the entry's ``held_out`` block, which the gate requires, with what its tasks
     covered (``run["covers"]``, by workload: ``coverage``). The caller checks
@@ -152,6 +153,8 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
         if _pair(entry) != (run["engine"], family, entry.get("workload")) or not candidates:
             continue
         covered = run["covers"].get(entry["workload"]) or {}
+        if entry.get("model") not in {m["fingerprint"] for m in covered.get("models", [])}:
+            continue  # measured on another model: these rows say nothing of it
         ran = covered.get("languages")
         if not languages_overlap(entry_languages(entry), None if ran is None else frozenset(ran)):
             continue  # an entry for other languages than these tasks'
@@ -236,13 +239,15 @@ class SupportFileError(ValueError):
 def support_document(entries: list[dict], command: str, model: dict, config: dict,
                      previous: dict | None = None) -> dict:
     """The support file for this run's ``entries``, each stamped with the command that measured
-    it. With ``previous`` (the file being replaced) measured on the same model, its entries for
-    pairs this run did not evaluate (or evaluated on other languages: a go entry beside a
-    python one) are kept with their own commands, so workloads and languages can be evaluated
-    by separate runs; entries of another model are dropped, never mixed in."""
+    it. With ``previous`` (the file being replaced), its entries this run did not measure
+    again are kept with their own commands: other workloads, engines, models (each entry names
+    its own) or languages (a go entry beside a python one), so they can be evaluated by
+    separate runs into one file; an entry is replaced only by one for the same engine, family,
+    workload and model with overlapping languages. The top-level ``model`` and ``config`` are
+    this run's."""
     created = _now()
     entries = [{**entry, "generated_by": command, "created": created} for entry in entries]
-    if previous and _fingerprint(previous.get("model")) == _fingerprint(model):
+    if previous:
         kept = [{**entry,
                  "generated_by": entry.get("generated_by", previous.get("generated_by")),
                  "created": entry.get("created", previous.get("created"))}
@@ -281,18 +286,16 @@ def read_support_document(path: str | Path, option: str = "--write-gate") -> dic
     return data
 
 
-def _fingerprint(model) -> str | None:
-    return model.get("fingerprint") if isinstance(model, dict) else None
-
-
 def _pair(entry: dict) -> tuple:
     return (entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload"))
 
 
 def _same_request(a: dict, b: dict) -> bool:
-    """Whether entries ``a`` and ``b`` would speak for the same requests: one pair, and
-    languages that overlap (``codekv.gate``: one entry per model and set of languages)."""
-    return _pair(a) == _pair(b) and languages_overlap(entry_languages(a), entry_languages(b))
+    """Whether entries ``a`` and ``b`` would speak for the same requests: one pair, measured
+    on one model, with languages that overlap (``codekv.gate``: one entry per model and set
+    of languages)."""
+    return (_pair(a) == _pair(b) and a.get("model") == b.get("model")
+            and languages_overlap(entry_languages(a), entry_languages(b)))
 
 
 def write_json(path: str | Path, data: dict) -> None:
