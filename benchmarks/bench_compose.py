@@ -1,6 +1,6 @@
 """Time to first token: composed chunk KV vs full prefill, on the default model and real code.
 
-Run: python benchmarks/bench_compose.py [--contexts 2048 4096] [--repeats 2]
+Run: python benchmarks/bench_compose.py [--contexts 2048 4096] [--repeats 2] [--threads 2]
          [--backend transformers llama.cpp] [--probe-cost]
 
 For each context length, chunks of the standard library (made into a git repository) are
@@ -75,7 +75,9 @@ def main() -> int:
     parser.add_argument("--strategies", nargs="+", default=["none", "boundary", "anchors"])
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch's threads and llama.cpp's ($CODEKV_LLAMA_THREADS): full "
+                             "prefill and composition run on the same ones")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one run per method: attention kernel's share of time")
     parser.add_argument("--backend", nargs="+", default=["transformers"],
@@ -85,6 +87,7 @@ def main() -> int:
                              "the eval callback")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    os.environ["CODEKV_LLAMA_THREADS"] = str(args.threads)  # read when llama.cpp loads
 
     from codekv.index import Index
     from codekv.models import load_backend
