@@ -63,3 +63,18 @@ def test_comparisons_pair_rules_on_the_same_tasks():
     measures += [fake_measure("deviation+graph@0.15", 0.1, 1.0, task=task) for task in "abc"]
     pairs = [(c["strategy"], c["baseline"]) for c in comparisons(measures)]
     assert pairs.count(("deviation+graph", "deviation")) == 1
+
+
+def test_shift_only_is_compared_with_none_on_the_same_tasks():
+    """The chunks' KV in the previous request's order against the same KV in the request's:
+    what the order alone costs, under each conditioning against its own ``none``."""
+    measures = [fake_measure(method, delta, 1.0, task=task)
+                for method, deltas in (("none", (0.1, -0.2)), ("shift-only", (0.4, 0.1)),
+                                       ("none+none", (0.3, 0.3)),
+                                       ("shift-only+none", (0.5, 0.5)))
+                for task, delta in zip("ab", deltas)]
+    found = {(c["strategy"], c["baseline"]): c for c in comparisons(measures)}
+    assert set(found) == {("shift-only", "none"), ("shift-only+none", "none+none"),
+                          ("shift-only+none", "shift-only"), ("none+none", "none")}
+    assert found[("shift-only", "none")]["difference"] == pytest.approx(0.1)  # 0.3, -0.1
+    assert found[("shift-only+none", "none+none")]["difference"] == pytest.approx(0.2)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from statistics import fmean, median, stdev
 
+from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval.measures import ResultRow
-from codekv.eval.methods import rule_name
+from codekv.eval.methods import SHIFT_ONLY, rule_name
 from codekv.eval.stats import bootstrap_ci, paired_difference
 
 # Rules are compared with these baselines, at the same ratio, on the same tasks; ``query``
@@ -106,7 +107,8 @@ def _rule(m) -> str:
 
 def comparisons(measures, baselines: tuple[str, ...] = BASELINES) -> list[dict]:
     """Each composition rule against each baseline rule at the same ratio (under the default
-    conditioning), and each rule under another conditioning against itself under the default,
+    conditioning), ``shift-only`` against ``none`` (what the previous request's order costs),
+    and each rule under another conditioning against itself under the default,
     on the tasks both ran: the paired difference of mean |ΔNLL| (negative: the rule is closer
     to full prefill) with its interval, and the ratio of the two means (the issue's "at most
     half")."""
@@ -120,6 +122,8 @@ def comparisons(measures, baselines: tuple[str, ...] = BASELINES) -> list[dict]:
         against = list(baselines)
         if strategy_of[strategy] != strategy:
             against.append(strategy_of[strategy])
+        if strategy_of[strategy] == SHIFT_ONLY:  # the same KV in the request's order
+            against.append(rule_name("none", strategy.partition("+")[2] or DEFAULT_CONDITIONING))
         for baseline in dict.fromkeys(against):  # deviation+graph meets deviation once
             base = by_method.get((workload, baseline, ratio))
             if baseline == strategy or not base:
