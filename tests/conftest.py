@@ -555,6 +555,15 @@ TINY_FAMILIES = {
     "gpt_neox": {"rotary_pct": 0.5},  # partial rotary
     "phi": {"partial_rotary_factor": 0.5},  # partial rotary
     "phi3": {"num_key_value_heads": 2, "pad_token_id": 0},
+    # q/k norm before RoPE, a RoPE base (and scaling) per layer type, and sliding layers whose
+    # 12-token window the tests' 20-100-token requests run well past.
+    "gemma3_text": {
+        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 3, "sliding_window": 12,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    },
 }
 TOKENIZER_CORPORA = (
     ["def area(width, height):\n    return width * height\n", "the quick brown fox jumps"],

@@ -54,8 +54,9 @@ def assert_same_state(state, reference) -> None:
 
 
 def keys_at(backend: HFBackend, ids: list[int], start: int) -> DynamicCache:
-    """The chunk's KV computed alone at positions ``start``.. by the model itself."""
-    cache = DynamicCache(config=backend.config)
+    """The chunk's KV computed alone at positions ``start``.. by the model itself (every
+    position's: a config's cache would keep only a sliding layer's window)."""
+    cache = DynamicCache()
     with torch.inference_mode():
         backend.model(input_ids=torch.tensor([ids]),
                       position_ids=torch.arange(start, start + len(ids))[None],
@@ -149,7 +150,34 @@ def test_partial_recompute_over_exact_kv_is_exact(tiny_backend, family, block_ro
     assert_same_state(backend.recompute(ids, context, [7, 20], []), exact)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi"])
+def test_a_sliding_layer_sees_only_its_window_of_reused_kv(tiny_backend):
+    """Past a window, reused KV no longer reaches a sliding layer: garbage there leaves the
+    result exact, garbage one position later (inside the window) does not."""
+    backend = tiny_backend("gemma3_text")
+    window = backend.config.sliding_window
+    ids, query = token_ids(60, 12), token_ids(5, 13)
+    exact = backend.full_prefill(ids)
+    full = backend.full_prefill(ids + query)
+    sliding = [i for i, t in enumerate(backend.config.layer_types) if t == "sliding_attention"]
+
+    def with_garbage(end: int) -> ChunkKV:
+        """Exact KV, but the sliding layers' positions before ``end`` are noise."""
+        keys = [layer.keys[0].clone() for layer in exact.cache.layers]
+        values = [layer.values[0].clone() for layer in exact.cache.layers]
+        for layer in sliding:
+            keys[layer][:, :end] = torch.randn_like(keys[layer][:, :end]) * 10
+            values[layer][:, :end] = torch.randn_like(values[layer][:, :end]) * 10
+        return ChunkKV(keys, values)
+
+    # The first query row (position 60) sees keys 60 - window + 1 .. 60 in a sliding layer.
+    outside = 60 - window + 1
+    state = backend.recompute(ids, with_garbage(outside), [], query)
+    assert max_diff(state.logits, full.logits) <= TOL
+    assert max_diff(backend.recompute(ids, with_garbage(outside + 1), [], query).logits,
+                    full.logits) > TOL
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi", "gemma3_text"])
 def test_ragged_blocks_match_one_dense_pass(tiny_backend, family, monkeypatch):
     """Blocked attention skips only masked scores: any block size gives the dense result."""
     backend = tiny_backend(family)
@@ -278,10 +306,6 @@ def test_fingerprints_follow_weights_dtype_and_tokenizer(tiny_backend):
 
 REFUSED = {
     "gpt2 absolute positions": ("gpt2", {}, "absolute position embeddings"),
-    "gemma3 sliding-window layers": (
-        "gemma3_text", {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 16},
-        "gemma3_text",
-    ),
     "dynamic rope": (
         "llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0,
                                       "rope_theta": 10000.0}}, "'dynamic'",

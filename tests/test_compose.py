@@ -102,8 +102,9 @@ def test_naive_composition_differs_from_full_prefill(tiny_backend, tmp_path):
     assert max_diff(result.next_token_logits(), reference.next_token_logits()) > 1e-2
 
 
-def test_every_order_of_three_chunks_is_exact(tiny_backend, tmp_path):
-    composer = make_composer(tiny_backend("qwen3"), tmp_path)
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_every_order_of_three_chunks_is_exact(tiny_backend, tmp_path, family):
+    composer = make_composer(tiny_backend(family), tmp_path)
     for order in itertools.permutations([A, B, C]):
         result = composer.compose(list(order), QUERY, strategy="all")
         assert_exact(result, composer.full_prefill(list(order), QUERY))
@@ -131,8 +132,9 @@ def test_every_strategy_runs_within_its_budget(tiny_backend, tmp_path, strategy)
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-def test_the_same_chunk_twice_in_one_request(tiny_backend, tmp_path, strategy):
-    composer = make_composer(tiny_backend("llama"), tmp_path)
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_the_same_chunk_twice_in_one_request(tiny_backend, tmp_path, strategy, family):
+    composer = make_composer(tiny_backend(family), tmp_path)
     result = composer.compose([A, B, A], QUERY, strategy=strategy)
     assert result.status == COMPOSED
     assert (result.report.chunk_misses, result.report.chunk_hits) == (2, 1)
@@ -140,8 +142,9 @@ def test_the_same_chunk_twice_in_one_request(tiny_backend, tmp_path, strategy):
         assert_exact(result, composer.full_prefill([A, B, A], QUERY))
 
 
-def test_a_changed_neighbour_reuses_the_chunk_and_stays_exact(tiny_backend, tmp_path):
-    composer = make_composer(tiny_backend("mistral"), tmp_path)
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
+def test_a_changed_neighbour_reuses_the_chunk_and_stays_exact(tiny_backend, tmp_path, family):
+    composer = make_composer(tiny_backend(family), tmp_path)
     first = composer.compose([B, A], QUERY, strategy="all")
     assert (first.report.chunk_hits, first.report.chunk_misses) == (0, 2)
     second = composer.compose([B2, A], QUERY, strategy="all")

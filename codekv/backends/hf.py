@@ -26,8 +26,8 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
 from codekv.stores.entry import BadEntry, KVEntry
 
-# Families whose attention is full (no sliding window) with rotate-half RoPE applied to keys
-# after any key normalisation, so a cached key moves exactly by one more rotation.
+# Families with rotate-half RoPE applied to keys after any key normalisation, so a cached key
+# moves exactly by one more rotation (per layer, with that layer's own frequencies).
 SUPPORTED_FAMILIES = {
     "llama": "Llama-style RoPE",
     "mistral": "Llama-style RoPE",
@@ -36,7 +36,13 @@ SUPPORTED_FAMILIES = {
     "gpt_neox": "partial rotary",
     "phi": "partial rotary",
     "phi3": "Llama-style RoPE (fused projections)",
+    "gemma3_text": "q/k norm before RoPE, a RoPE base per layer type, sliding-window layers",
 }
+# Families whose sliding-window layers are declared in ``layer_types`` and whose forward takes
+# a mask per layer type: composition builds each layer type's mask itself (the window included),
+# so reused KV outside a window is never attended to. Other families' windows are refused.
+WINDOWED_FAMILIES = {"gemma3_text"}
+LAYER_TYPES = {"full_attention", "sliding_attention"}
 # "longrope" is not static: transformers switches to the long factors once a sequence exceeds
 # the original context length, so a chunk prefilled alone can be rotated by other frequencies.
 STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
@@ -82,23 +88,39 @@ def unsupported_reason(config) -> str | None:
             return f"{family} uses absolute position embeddings: cached KV cannot be re-positioned"
         return f"model family {family!r} is not supported for composition"
     layer_types = getattr(text_config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
+    windowed = family in WINDOWED_FAMILIES
+    if not windowed and any(t != "full_attention" for t in layer_types):
         return f"{family} has sliding-window layers: reused KV outside the window is wrong"
+    if windowed and not set(layer_types) <= LAYER_TYPES:
+        return f"{family} has layer types {sorted(set(layer_types) - LAYER_TYPES)}"
+    if windowed and getattr(text_config, "use_bidirectional_attention", False):
+        return f"{family} attends bidirectionally: cached KV depends on later tokens"
+    if getattr(text_config, "attn_logit_softcapping", None):
+        return f"{family} soft-caps attention logits, which SDPA (full prefill too) leaves out"
     # Mistral and Phi-3 slide whenever ``sliding_window`` is set (no layer_types, no flag), and
     # the recompute mask is full attention: any window makes the result differ from full prefill.
     window = getattr(text_config, "sliding_window", None)
-    if window:
+    if window and not windowed:
         return f"{family} uses sliding-window attention ({window} tokens)"
-    rope = _rope_parameters(text_config)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in STATIC_ROPE_TYPES:
-        return f"RoPE type {rope_type!r} depends on sequence length: re-rotation is not exact"
+    for rope in _rope_per_layer_type(text_config).values():
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in STATIC_ROPE_TYPES:
+            return f"RoPE type {rope_type!r} depends on sequence length: re-rotation is not exact"
     return None
 
 
 def _rope_parameters(config) -> dict:
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return dict(rope)
+
+
+def _rope_per_layer_type(config) -> dict[str, dict]:
+    """RoPE parameters by layer type: Gemma 3 keeps one set per type (``{"full_attention":
+    {...}, "sliding_attention": {...}}``), other families one set for every layer."""
+    rope = _rope_parameters(config)
+    if rope and all(isinstance(value, dict) for value in rope.values()):
+        return {layer_type: dict(value) for layer_type, value in rope.items()}
+    return {"full_attention": rope}
 
 
 class HFBackend:
@@ -115,11 +137,12 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         text_config = self.config.get_text_config()
-        rotary = getattr(model.base_model, "rotary_emb", None)
-        inv_freq = getattr(rotary, "inv_freq", None)  # absent for per-layer-type RoPE (Gemma 3)
-        self._inv_freq = inv_freq.detach().to(torch.float64) if inv_freq is not None else None
+        # Each layer's RoPE frequencies (Gemma 3: one set per layer type), None without RoPE.
+        self._inv_freqs = _layer_inv_freqs(model, text_config)
         # Partial rotary (GPT-NeoX, Phi) rotates only as many dims as there are frequencies x2.
-        self._rotary_dim = 2 * self._inv_freq.numel() if self._inv_freq is not None else 0
+        self._rotary_dim = 2 * self._inv_freqs[0].numel() if self._inv_freqs else 0
+        # The sliding window of each layer type that has one (composition masks it itself).
+        self._windows = _windows(text_config)
         self.info = ModelInfo(
             family=self.config.model_type,
             fingerprint=self._fingerprint(weights_fingerprint),
@@ -140,17 +163,16 @@ class HFBackend:
                 digest.update(name.encode())
                 digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
             weights = digest.hexdigest()
-        config = json.dumps(
-            {
-                "weights": weights,
-                "dtype": str(self.dtype),
-                "family": self.config.model_type,
-                "rope": _rope_parameters(self.config),
-                "rotary_dim": self._rotary_dim,
-            },
-            sort_keys=True,
-            default=str,
-        )
+        identity = {
+            "weights": weights,
+            "dtype": str(self.dtype),
+            "family": self.config.model_type,
+            "rope": _rope_parameters(self.config),
+            "rotary_dim": self._rotary_dim,
+        }
+        if self._windows:  # only where there are windows: other models' fingerprints stay
+            identity["windows"] = self._windows
+        config = json.dumps(identity, sort_keys=True, default=str)
         return hashlib.sha256(config.encode()).hexdigest()[:32]
 
     # -- tokens --------------------------------------------------------------------------
@@ -203,7 +225,7 @@ class HFBackend:
     def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> ChunkKV:
         """A chunk's KV computed alone from position 0, or right after ``prefix_ids`` (whose
         KV is dropped: the chunk's then starts at ``len(prefix_ids)``)."""
-        cache = DynamicCache(config=self.config)
+        cache = _full_cache()
         ids = torch.tensor([list(prefix_ids) + list(token_ids)], device=self.device)
         self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         keys, values = _unpack(cache)
@@ -218,17 +240,20 @@ class HFBackend:
         delta = start - kv.start
         if delta == 0:
             return kv
-        if self._inv_freq is None:
+        if self._inv_freqs is None:
             raise UnsupportedModel(f"{self.info.family} has no rotary embedding to re-position")
-        angles = delta * self._inv_freq
-        emb = torch.cat((angles, angles))
-        cos = emb.cos().to(self.dtype)
-        sin = emb.sin().to(self.dtype)
         rd = self._rotary_dim
+        turns: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # one per distinct frequency set
         keys = []
-        for key in kv.keys:
+        for key, inv_freq in zip(kv.keys, self._inv_freqs, strict=True):
+            if id(inv_freq) not in turns:
+                angles = delta * inv_freq
+                emb = torch.cat((angles, angles))
+                turns[id(inv_freq)] = (emb.cos().to(self.dtype).to(key.device),
+                                       emb.sin().to(self.dtype).to(key.device))
+            cos, sin = turns[id(inv_freq)]
             rotated, passed = key[..., :rd], key[..., rd:]
-            rotated = rotated * cos.to(key.device) + _rotate_half(rotated) * sin.to(key.device)
+            rotated = rotated * cos + _rotate_half(rotated) * sin
             keys.append(torch.cat((rotated, passed), dim=-1) if passed.shape[-1] else rotated)
         return ChunkKV(keys, kv.values, start)
 
@@ -271,7 +296,7 @@ class HFBackend:
         layers = base.layers
         base.layers = layers[: layer + 1]
         try:
-            cache = DynamicCache(config=self.config)
+            cache = _full_cache()
             base(input_ids=torch.tensor([token_ids], device=self.device), past_key_values=cache,
                  use_cache=True)
         finally:
@@ -297,10 +322,8 @@ class HFBackend:
         if not 0 <= min(layers) <= last < len(context.keys):
             raise ValueError(f"probe layers {layers} outside 0..{len(context.keys) - 1}")
         pos = torch.arange(n, n + q, device=self.device)
-        visible = torch.arange(n + q, device=self.device)[None, :] <= pos[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        cache = DynamicCache(config=self.config)
+        mask = self._mask(pos, n + q)
+        cache = _full_cache()
         cache.layers = [_SlotLayer(_with_room(key, n + q), _with_room(value, n + q), pos)
                         for key, value in zip(context.keys[: last + 1],
                                               context.values[: last + 1])]
@@ -314,7 +337,7 @@ class HFBackend:
         config._attn_implementation = PROBE_ATTENTION
         try:
             base(input_ids=torch.tensor([query_ids], device=self.device), position_ids=pos[None],
-                 attention_mask=mask[None, None], past_key_values=cache, use_cache=True)
+                 attention_mask=mask, past_key_values=cache, use_cache=True)
         finally:
             base.layers = all_layers
             config._attn_implementation = inner
@@ -324,7 +347,7 @@ class HFBackend:
     # -- requests ------------------------------------------------------------------------
     @torch.inference_mode()
     def full_prefill(self, token_ids: list[int]) -> HFRequest:
-        cache = DynamicCache(config=self.config)
+        cache = _full_cache()
         ids = torch.tensor([token_ids], device=self.device)
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return HFRequest(cache, list(token_ids), out.logits[0, -1].float())
@@ -350,11 +373,10 @@ class HFBackend:
         pos = torch.tensor(positions, device=self.device)
         # The request state is built in place: each layer's fresh KV of the selected tokens
         # overwrites their reused copies and the query's fills the tail, so every row simply
-        # sees the positions up to its own (rows are in position order).
-        visible = torch.arange(total, device=self.device)[None, :] <= pos[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        cache = DynamicCache(config=self.config)
+        # sees the positions up to its own (rows are in position order), and in a sliding
+        # layer only its window's.
+        mask = self._mask(pos, total)
+        cache = _full_cache()
         cache.layers = [
             _SlotLayer(_with_room(key, total), _with_room(value, total), pos)
             for key, value in zip(context.keys, context.values)
@@ -363,12 +385,28 @@ class HFBackend:
             out = self.model(
                 input_ids=torch.tensor([input_ids], device=self.device),
                 position_ids=pos[None],
-                attention_mask=mask[None, None],
+                attention_mask=mask,
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
         return HFRequest(cache, list(context_ids) + list(query_ids), out.logits[0, -1].float())
+
+    def _mask(self, rows: torch.Tensor, total: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The additive attention mask of rows at positions ``rows`` over keys 0..total-1:
+        causal, as one ``[1, 1, rows, total]`` tensor; for a model with sliding-window layers,
+        one per layer type, a sliding layer's row seeing only its window's last keys (as
+        transformers masks it: key > row - window)."""
+        keys = torch.arange(total, device=self.device)[None, :]
+        masks = {"full_attention": keys <= rows[:, None]}
+        for layer_type, window in self._windows.items():
+            masks[layer_type] = (keys <= rows[:, None]) & (keys > rows[:, None] - window)
+        additive = {}
+        for layer_type, visible in masks.items():
+            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+            additive[layer_type] = mask.masked_fill_(~visible, torch.finfo(self.dtype).min)[
+                None, None]
+        return additive if self._windows else additive["full_attention"]
 
     @contextlib.contextmanager
     def _ragged_attention(self, positions: list[int]):
@@ -549,6 +587,42 @@ def _with_room(tensor: torch.Tensor, length: int) -> torch.Tensor:
     out = tensor.new_empty((1, heads, length, dim))
     out[0, :, :n] = tensor
     return out
+
+
+def _full_cache() -> DynamicCache:
+    """A cache keeping every position in every layer. ``DynamicCache(config=...)`` drops a
+    sliding layer's keys outside its window, but chunk KV, composed requests and prefixes
+    read from a state need all of them; the masks apply the windows."""
+    return DynamicCache()
+
+
+def _layer_inv_freqs(model, text_config) -> list[torch.Tensor] | None:
+    """Each layer's RoPE inverse frequencies (float64; the same tensor for layers sharing
+    them), or None for a model without a rotary embedding."""
+    rotary = getattr(model.base_model, "rotary_emb", None)
+    if rotary is None:
+        return None
+    n_layers = text_config.num_hidden_layers
+    shared = getattr(rotary, "inv_freq", None)
+    if shared is not None:
+        return [shared.detach().to(torch.float64)] * n_layers
+    # Per layer type (Gemma 3): ``<layer type>_inv_freq``, each with its own base and scaling.
+    layer_types = getattr(text_config, "layer_types", None) or []
+    by_type = {t: getattr(rotary, f"{t}_inv_freq", None) for t in set(layer_types)}
+    if len(layer_types) != n_layers or any(f is None for f in by_type.values()):
+        return None
+    by_type = {t: f.detach().to(torch.float64) for t, f in by_type.items()}
+    return [by_type[t] for t in layer_types]
+
+
+def _windows(text_config) -> dict[str, int]:
+    """``{"sliding_attention": window}`` for a model whose ``layer_types`` has sliding layers,
+    else empty."""
+    layer_types = getattr(text_config, "layer_types", None) or []
+    window = getattr(text_config, "sliding_window", None)
+    if window and "sliding_attention" in layer_types:
+        return {"sliding_attention": window}
+    return {}
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
