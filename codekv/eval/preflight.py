@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
 
 # Below this, no workload's context holds a task (its chunks or passages would not fit).
 MIN_CONTEXT_TOKENS = 128
@@ -23,16 +22,14 @@ class EvalOptionError(ValueError):
 
 
 def declared_positions(model: str | None) -> int | None:
-    """The positions ``model`` (a GGUF file or a Hugging Face directory; None: the default
-    model) declares, read from its files without loading it; None when they cannot be read
-    (the check after loading decides then)."""
+    """The positions ``model`` (a GGUF file, a Hugging Face directory or a model name; None:
+    the default model) declares, read from its files without loading it; None when they
+    cannot be read (the check after loading decides then)."""
     from codekv.gguf_vocab import read_metadata
-    from codekv.tokens import default_gguf_path
+    from codekv.models import ModelLoadError, resolve_model
 
-    path = Path(model) if model else default_gguf_path()
     try:
-        if path is None:
-            return None
+        path = resolve_model(model or None)
         if path.is_dir():
             config = json.loads((path / "config.json").read_text())
             value = (config.get("text_config") or config).get("max_position_embeddings")
@@ -40,7 +37,7 @@ def declared_positions(model: str | None) -> int | None:
             arch = read_metadata(path, "general.architecture").get("general.architecture")
             key = f"{arch}.context_length"
             value = read_metadata(path, key).get(key)
-    except (OSError, ValueError, AttributeError, struct.error):  # loading will say why
+    except (OSError, ValueError, AttributeError, struct.error, ModelLoadError):  # loading says why
         return None
     return value if isinstance(value, int) and value > 0 else None
 
