@@ -81,6 +81,43 @@ def tokenizer_from_gguf(path: Path):
     return tokenizer
 
 
+_NORMAL = 1  # tokenizer.ggml.token_type of a vocabulary piece (3: control, 4: user-defined)
+
+
+def gemma_tokenizer_from_gguf(path: Path):
+    """Gemma's tokenizer (``GemmaTokenizer``) from a GGUF's SentencePiece vocabulary (model
+    ``llama``, scores, no merges): transformers' GGUF loader builds it without merges, so every
+    character became a token (3,042 tokens where llama.cpp reads 823). SentencePiece merges the
+    adjacent pair whose joined piece scores highest; as BPE merges, each pair of pieces joining
+    into a piece ranks by that piece's score (transformers' ``generate_merges``)."""
+    from tokenizers import AddedToken
+    from transformers import GemmaTokenizer
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    meta = read_metadata(path, "tokenizer.ggml.")
+    model = meta.get("tokenizer.ggml.model")
+    if model != "llama" or "tokenizer.ggml.scores" not in meta:
+        raise GGUFError(f"{path}: tokenizer model {model!r}; Gemma's is SentencePiece ('llama')")
+    tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
+    types = meta.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
+    vocab = {token: index for index, token in enumerate(tokens)}
+    specials = [token for token, kind in zip(tokens, types) if kind != _NORMAL
+                and not (token.startswith("<0x") and len(token) == 6)]  # byte pieces stay
+    merges = generate_merges(vocab, {t: s for t, s in zip(tokens, scores)}, skip_tokens=specials)
+
+    def named(key: str, default: str) -> str:
+        index = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[index] if index is not None else default
+
+    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, unk_token=named("unknown", "<unk>"),
+                               bos_token=named("bos", "<bos>"), eos_token=named("eos", "<eos>"),
+                               pad_token=named("padding", "<pad>"))
+    tokenizer.add_special_tokens({"additional_special_tokens": [
+        AddedToken(token, normalized=False, special=True) for token in specials]},
+        replace_extra_special_tokens=False)
+    return tokenizer
+
+
 class _Reader:
     """Reads GGUF values (little-endian) from a buffer, moving through it."""
 

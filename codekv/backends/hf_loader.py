@@ -111,4 +111,21 @@ def _read_gguf(gguf: Path, dtype: str):
         ) from error
     finally:
         gguf_utils.tqdm = progress_bar
+    if model.config.model_type == "gemma3_text":
+        tokenizer = _gemma_fixed(gguf, model)
     return tokenizer, model
+
+
+def _gemma_fixed(gguf: Path, model):
+    """Gemma's tokenizer as llama.cpp reads the GGUF (transformers' has no merges), and the
+    end of a turn (``<end_of_turn>``) among the generation config's end tokens, as Gemma's own
+    generation config has it."""
+    from codekv.gguf_vocab import gemma_tokenizer_from_gguf
+
+    tokenizer = gemma_tokenizer_from_gguf(gguf)
+    ends = [tokenizer.eos_token_id]
+    turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    if turn is not None and turn != tokenizer.unk_token_id:
+        ends.append(turn)
+    model.generation_config.eos_token_id = ends
+    return tokenizer

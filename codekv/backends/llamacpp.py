@@ -20,6 +20,15 @@ starting with the same tokens places a ``KeptPrefix`` of it, whose cells are sha
 sequence 0 (``seq_cp``: no copy, no restore, no decode). Starting a request clears sequences
 0-2 only, never the kept ones.
 
+A sliding-window model (Gemma 3) runs with ``swa_full``: its window layers' cache keeps every
+cell, so llama.cpp can shift them (the K-shift rotates each layer with its own RoPE base) and the
+mask applies the window. A chunk's state is saved whole: a sequence's own state leaves out the
+cells its window has passed, which a run recomputed inside the chunk needs. llama.cpp may hand a
+cell the window has passed to new tokens when it is held by one sequence only; while a run is
+decoded, the cells before it are also held by sequence 2, the cells placed in position order
+put its own freed cells first in the search, and what the query's tokens may take is behind
+every window after them.
+
 Query-aware rules read the query's attention over the re-positioned chunks from a second
 context (the probe), whose eval callback reads the probe layers' softmax
 (``llamacpp_attention``): the chunk states are placed there in request order from an empty
@@ -149,6 +158,7 @@ class LlamaCppBackend:
             raise ValueError(f"llama.cpp cannot load {self.path}")
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
+        self._windowed = L.llama_model_n_swa(self._model) > 0
         trained = L.llama_model_n_ctx_train(self._model)
         self.n_ctx = min(n_ctx or trained, trained)
         self.n_batch = n_batch
@@ -170,6 +180,8 @@ class LlamaCppBackend:
         family = self._meta("general.architecture") or "?"
         identity = {"engine": LLAMA_CPP, "version": self.engine_version, "gguf": digest,
                     "kv_type": kv_type, "flash_attn": False}
+        if self._windowed:  # states saved whole (every window's cells); other models' stay
+            identity["swa"] = "full"
         self.info = ModelInfo(
             family=family,
             fingerprint=hashlib.sha256(json.dumps(identity, sort_keys=True).encode()
@@ -194,6 +206,10 @@ class LlamaCppBackend:
         cparams.kv_unified = True  # sequences share cells (seq_cp shares, never copies)
         cparams.n_threads = cparams.n_threads_batch = self._threads
         cparams.type_k = cparams.type_v = KV_TYPES[self.kv_type]
+        # A sliding-window model's SWA layers get a cache as large as the others' (else it holds
+        # only the window's cells, and llama.cpp cannot shift them): every cell stays, composed
+        # parts are shifted, and the mask applies the window.
+        cparams.swa_full = self._windowed
         # Fixed, not "auto": the state layout (V transposed or not) depends on it, and with
         # flash attention the probabilities are never materialised for the probe to read.
         cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -229,8 +245,6 @@ class LlamaCppBackend:
         L = self._L
         if L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model):
             return f"{family} keeps recurrent state: cached chunk state cannot be re-positioned"
-        if L.llama_model_n_swa(self._model) > 0:
-            return f"{family} has sliding-window layers: reused KV outside the window is wrong"
         if not L.llama_memory_can_shift(self._mem):
             return f"llama.cpp cannot shift positions of {family} KV (no RoPE K-shift)"
         return None
@@ -442,12 +456,19 @@ class LlamaCppBackend:
         rows = np.ctypeslib.as_array(pointer, shape=(n * self.n_vocab,))
         return torch.from_numpy(rows.reshape(n, self.n_vocab).copy())
 
-    def _save(self, seq: int, n_tokens: int, saved_at: int) -> SequenceState:
+    def _save(self, seq: int, n_tokens: int, saved_at: int, alone: bool = False) -> SequenceState:
+        """Sequence ``seq``'s cells as a state. ``alone``: no other sequence holds cells, so
+        every cell is saved as the whole cache's (sequence -1): a sequence's own state leaves
+        out the cells its sliding-window layers no longer attend to (all but the last
+        window's), which a recompute inside the span needs. Not while kept sequences hold
+        cells (theirs would be saved too): then a sliding-window model's state is the
+        sequence's own."""
         L = self._L
-        size = L.llama_state_seq_get_size(self._ctx, seq)
+        which = -1 if alone and self._windowed and not self.kept_sequences else seq
+        size = L.llama_state_seq_get_size(self._ctx, which)
         data = np.empty(size, dtype=np.uint8)
         written = L.llama_state_seq_get_data(
-            self._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq)
+            self._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, which)
         if written != size:
             raise RuntimeError(f"llama.cpp saved {written} of {size} bytes of sequence state")
         return SequenceState(data, n_tokens, saved_at, saved_at)
@@ -471,7 +492,7 @@ class LlamaCppBackend:
         self._decode(list(prefix_ids) + list(token_ids), 0, CHUNK, logits="none")
         if n:
             self._L.llama_memory_seq_rm(self._mem, CHUNK, 0, n)
-        state = self._save(CHUNK, len(token_ids), n)
+        state = self._save(CHUNK, len(token_ids), n, alone=True)
         self._L.llama_memory_seq_rm(self._mem, CHUNK, -1, -1)
         return state
 
@@ -691,7 +712,7 @@ class LlamaCppBackend:
         self._restore(kv, CHUNK)
         L.llama_memory_seq_rm(mem, CHUNK, kv.saved_at + n_tokens, -1)
         try:
-            return replace(self._save(CHUNK, n_tokens, kv.saved_at), start=kv.start)
+            return replace(self._save(CHUNK, n_tokens, kv.saved_at, alone=True), start=kv.start)
         finally:
             L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
