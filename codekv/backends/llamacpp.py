@@ -570,7 +570,7 @@ class LlamaCppBackend:
     def _probe(self):
         """The probe context and its attention reader (the reader holds the callback)."""
         if self._probe_ctx is None:
-            reader = AttentionReader(self._L)
+            reader = AttentionReader(self._L, self._L.llama_model_n_swa(self._model))
             ctx = self._L.llama_init_from_model(self._model, self._context_params(reader))
             if not ctx:
                 raise RuntimeError(f"llama.cpp cannot make a {self.n_ctx}-token probe context")

@@ -54,8 +54,9 @@ class AttentionReader:
     row and head. ``callback`` must stay referenced as long as the context lives (a collected
     ctypes callback crashes the next decode): this object holds it."""
 
-    def __init__(self, L):
+    def __init__(self, L, window: int = 0):
         self._ggml = _ggml()
+        self._window = window  # a sliding-window layer's rows see only that many cells
         self.callback = L.ggml_backend_sched_eval_callback(self._on_node)
         self._layers: frozenset[int] = frozenset()
         self._layers_read: frozenset[int] = frozenset()
@@ -128,7 +129,8 @@ class AttentionReader:
 
     def _check_cells(self, mask_pointer: int | None, n_kv: int, n_tokens: int, first: int):
         """Query row ``first + j`` must see exactly cells ``[0, n_context + first + j]``: the
-        context in cells 0.. and the query after it. Anything else maps cells wrongly."""
+        context in cells 0.. and the query after it (in a sliding-window layer, the window's
+        last cells of those). Anything else maps cells wrongly."""
         if not mask_pointer:
             raise RuntimeError("kq_soft_max has no mask to tell which cells a row sees")
         mask = _Tensor.from_address(mask_pointer)
@@ -137,8 +139,11 @@ class AttentionReader:
                                f"ne {list(mask.ne)})")
         seen = np.isfinite(self._get(mask_pointer, (n_tokens, n_kv)))
         ends = self._n_context + first + np.arange(n_tokens) + 1
-        expected = np.arange(n_kv)[None, :] < ends[:, None]
-        if not np.array_equal(seen, expected):
+        cells = np.arange(n_kv)[None, :]
+        expected = cells < ends[:, None]
+        windowed = expected & (cells >= ends[:, None] - self._window)
+        if not (np.array_equal(seen, expected)
+                or self._window and np.array_equal(seen, windowed)):
             raise RuntimeError("the probe's KV cells are not the context then the query in "
                                "position order")
 

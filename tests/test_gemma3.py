@@ -1,0 +1,156 @@
+"""Gemma 3 270M end to end on both engines (``--model gemma3``): five of every six layers attend
+through a 512-token window with their own RoPE base, so every request here runs past a window.
+Composition with ``all`` against full prefill (llama.cpp: within its batch-split floor), the
+adversarial cases, the tokenizer both engines read, and the gate. The model loads once per
+session; without it these fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+from conftest import missing
+from test_compose import B2, PREFIX, QUERY, A, B, assert_exact, make_composer
+
+from codekv.compose import COMPOSED, FULL_PREFILL, Passage
+from codekv.gate import GateRequest, SupportGate
+from codekv.stdlib_repo import stdlib_dir
+
+pytestmark = pytest.mark.model
+
+WINDOW = 512
+
+
+def _source(name: str, start: str, end: str) -> str:
+    text = (stdlib_dir() / name).read_text()
+    return text[text.index(start):text.index(end)]
+
+
+# shlex.shlex.read_token: ~700 tokens alone, so the request crosses the window inside it.
+LONG = Passage(_source("shlex.py", "    def read_token(self):", "    def sourcehook("),
+               "read_token")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path(model_cache):
+    from codekv.models import ModelLoadError, resolve_model
+
+    try:
+        return resolve_model("gemma3")
+    except ModelLoadError as error:
+        missing(f"Gemma 3 cannot be loaded: {error}")
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf(gemma3_path):
+    from codekv.models import load_backend
+
+    return load_backend(gemma3_path)
+
+
+@pytest.fixture(scope="session")
+def gemma3_llama(gemma3_path):
+    try:
+        from codekv.backends.llamacpp import LlamaCppBackend
+    except ImportError:
+        missing("llama-cpp-python is not installed (pip install 'codekv[llamacpp]')")
+    return LlamaCppBackend(gemma3_path, n_ctx=2048)
+
+
+def test_the_model_is_gemma3_with_its_windows(gemma3_hf, gemma3_llama):
+    config = gemma3_hf.config
+    assert (config.model_type, config.sliding_window, config.num_hidden_layers) == (
+        "gemma3_text", WINDOW, 18)
+    assert config.layer_types.count("full_attention") == 3  # every sixth layer
+    rope = config.rope_parameters
+    assert (rope["sliding_attention"]["rope_theta"], rope["full_attention"]["rope_theta"]) == (
+        10_000.0, 1_000_000.0)
+    assert gemma3_hf.info.unsupported is None and gemma3_llama.info.unsupported is None
+    assert gemma3_llama.info.family == "gemma3"
+
+
+def test_both_engines_read_the_same_tokens(gemma3_hf, gemma3_llama):
+    """transformers' GGUF loader gives Gemma's tokenizer no merges (one token per character);
+    the one built from the GGUF's scores reads what llama.cpp reads."""
+    text = (LONG.text + "\nünïcödé 日本語 ✓\t tab\n\n  spaces   \r\n emoji 😀 "
+            + (stdlib_dir() / "fnmatch.py").read_text())
+    ids = gemma3_llama.tokenize(text)
+    assert gemma3_hf.tokenize(text) == ids
+    assert len(ids) < len(text) / 2.5
+    assert gemma3_hf.detokenize(ids) == text
+    turn = gemma3_hf.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert turn in gemma3_hf.end_token_ids and turn in gemma3_llama.end_token_ids
+
+
+def test_all_equals_full_prefill_past_the_window(gemma3_hf, tmp_path):
+    composer = make_composer(gemma3_hf, tmp_path)
+    chunks = [A, LONG, B]
+    for attempt in ("cold", "warm"):  # chunk KV computed, then read back from the store
+        result = composer.compose(chunks, QUERY, prefix=PREFIX, strategy="all")
+        assert result.status == COMPOSED
+        assert result.report.context_tokens > WINDOW + 200
+        assert result.report.chunk_hits == (3 if attempt == "warm" else 0)
+        reference = composer.full_prefill(chunks, QUERY, prefix=PREFIX)
+        assert_exact(result, reference)
+    assert result.generate(4) == reference.generate(4)
+    naive = composer.compose(chunks, QUERY, prefix=PREFIX, strategy="none")
+    diff = (naive.next_token_logits() - reference.next_token_logits()).abs().max()
+    assert diff > 1e-2  # the check above can fail: reused KV alone is not exact
+
+
+def test_order_neighbour_and_repeats_stay_exact(gemma3_hf, tmp_path):
+    composer = make_composer(gemma3_hf, tmp_path)
+    for chunks in ([A, LONG, B], [B, LONG, A], [B2, LONG, A], [A, LONG, A]):
+        result = composer.compose(chunks, QUERY, strategy="all")
+        assert_exact(result, composer.full_prefill(chunks, QUERY))
+    assert composer.store.stats().entries == 4  # A, LONG, B, B2: each stored once
+
+
+def test_llama_cpp_all_is_within_the_batch_floor_past_the_window(gemma3_llama, tmp_path):
+    from test_backend_llamacpp import check_all
+
+    composer = make_composer(gemma3_llama, tmp_path)
+    for chunks in ([A, LONG, B], [B2, LONG, A], [A, LONG, A]):
+        floor, report = check_all(gemma3_llama, composer, chunks, PREFIX)
+        assert report.context_tokens > WINDOW + 200
+        assert floor < 0.05
+    # A query rule reads the query's attention in sliding layers too, over their window only.
+    check_all(gemma3_llama, composer, [A, LONG, B], PREFIX, strategy="query")
+
+
+def test_llama_cpp_recomputes_inside_a_chunk_longer_than_the_window(gemma3_llama):
+    """A run early in a long chunk attends to the window's cells before it: a chunk state
+    keeps them (a sequence's own state keeps only its last window's), so the run equals the
+    same tokens decoded in the same batches."""
+    backend = gemma3_llama
+    ids, query = backend.tokenize(LONG.text), backend.tokenize(QUERY)
+    assert len(ids) > WINDOW + 100
+    state = backend.recompute(ids, [backend.prefill_chunk(ids)], [300, 301, 302], query)
+    same = backend.batch_reference(state.token_ids, state.cuts)
+    assert state.cuts == [300, 303, len(ids)]
+    assert (state.logits - same.logits).abs().max() <= 1e-3
+
+
+def test_smollm2_evidence_does_not_license_gemma3(gemma3_hf, gemma3_llama, tmp_path):
+    """The shipped support file holds SmolLM2's entries only: Gemma 3 falls back, and the
+    reason names it; relabelled as Gemma's family, the evidence still names its own model."""
+    for backend in (gemma3_hf, gemma3_llama):
+        composer = make_composer(backend, tmp_path, experimental=False, gate=SupportGate.load())
+        result = composer.compose([A, B], QUERY)
+        assert result.status == FULL_PREFILL
+        reason = result.report.fallback_reason
+        assert f"no evidence for {backend.info.family}/" in reason, reason
+    document = json.loads(resources.files("codekv").joinpath("data", "support.json").read_text())
+    for entry in document["entries"]:
+        entry["family"] = gemma3_hf.info.family
+    relabelled = tmp_path / "relabelled.json"
+    relabelled.write_text(json.dumps(document))
+    request = GateRequest(gemma3_hf.info.fingerprint, frozenset({"python"}), 1000)
+    verdict = SupportGate.load(relabelled).verdict(gemma3_hf.info.family, "code-qa",
+                                                   request=request)
+    assert not verdict.allowed
+    assert "evidence is for SmolLM2-135M-Instruct" in verdict.reason
+    assert f"another gemma3_text model (fingerprint {gemma3_hf.info.fingerprint[:12]})" \
+        in verdict.reason
