@@ -1,7 +1,7 @@
-"""Time to first token: composed chunk KV vs full prefill, on the default model and real code.
+"""Time to first token: composed chunk KV vs full prefill, on a model (--model) and real code.
 
 Run: python benchmarks/bench_compose.py [--contexts 2048 4096] [--repeats 2] [--threads 2]
-         [--backend transformers llama.cpp] [--probe-cost]
+         [--backend transformers llama.cpp] [--model gemma3] [--probe-cost]
 
 For each context length, chunks of the standard library (made into a git repository) are
 taken in a fixed order until the context holds that many tokens; a short question follows.
@@ -82,6 +82,9 @@ def main() -> int:
                         help="also profile one run per method: attention kernel's share of time")
     parser.add_argument("--backend", nargs="+", default=["transformers"],
                         choices=["transformers", "llama.cpp"])
+    parser.add_argument("--model", default=None,
+                        help="a named model (smollm2, gemma3), a GGUF file or a model directory "
+                             "[the default model]")
     parser.add_argument("--probe-cost", action="store_true",
                         help="llama.cpp: the query probe's cost against the same decode without "
                              "the eval callback")
@@ -93,7 +96,7 @@ def main() -> int:
     from codekv.models import load_backend
     from codekv.stdlib_repo import make_stdlib_repo
 
-    backends = [load_backend(engine=name) for name in args.backend]
+    backends = [load_backend(args.model, engine=name) for name in args.backend]
     index = Index(make_stdlib_repo())
     index.update()
     for backend in backends:

@@ -81,7 +81,7 @@ def tokenizer_from_gguf(path: Path):
     return tokenizer
 
 
-_NORMAL = 1  # tokenizer.ggml.token_type of a vocabulary piece (3: control, 4: user-defined)
+_NORMAL, _USER_DEFINED = 1, 4  # tokenizer.ggml.token_type: a piece; "\n", runs of spaces
 
 
 def gemma_tokenizer_from_gguf(path: Path):
@@ -101,9 +101,11 @@ def gemma_tokenizer_from_gguf(path: Path):
     tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
     types = meta.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
     vocab = {token: index for index, token in enumerate(tokens)}
-    specials = [token for token, kind in zip(tokens, types) if kind != _NORMAL
-                and not (token.startswith("<0x") and len(token) == 6)]  # byte pieces stay
-    merges = generate_merges(vocab, {t: s for t, s in zip(tokens, scores)}, skip_tokens=specials)
+    # Control tokens (<start_of_turn>) are special; user-defined ones ("\n", runs of spaces)
+    # are read whole like them, but are text. Byte pieces (<0x0A>) stay in the model.
+    added = {token: kind for token, kind in zip(tokens, types)
+             if kind in (_CONTROL, _USER_DEFINED)}
+    merges = generate_merges(vocab, dict(zip(tokens, scores)), skip_tokens=added)
 
     def named(key: str, default: str) -> str:
         index = meta.get(f"tokenizer.ggml.{key}_token_id")
@@ -112,9 +114,8 @@ def gemma_tokenizer_from_gguf(path: Path):
     tokenizer = GemmaTokenizer(vocab=vocab, merges=merges, unk_token=named("unknown", "<unk>"),
                                bos_token=named("bos", "<bos>"), eos_token=named("eos", "<eos>"),
                                pad_token=named("padding", "<pad>"))
-    tokenizer.add_special_tokens({"additional_special_tokens": [
-        AddedToken(token, normalized=False, special=True) for token in specials]},
-        replace_extra_special_tokens=False)
+    tokenizer.add_tokens([AddedToken(token, normalized=False, special=kind == _CONTROL)
+                          for token, kind in added.items()])
     return tokenizer
 
 
