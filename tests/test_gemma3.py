@@ -43,7 +43,7 @@ def assert_exact(result, reference) -> None:
     for ours, theirs in zip(result.state.cache.layers, reference.state.cache.layers, strict=True):
         for a, b in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
             assert a.shape == b.shape
-            assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+            assert (a - b).abs().max() <= 1e-4 * b.abs().max()
 
 
 @pytest.fixture(scope="session")
