@@ -646,20 +646,21 @@ class LlamaCppBackend:
         cuts = sorted({c for c in cuts if 0 < c < n} | ({n} if query_ids else set()))
         return LlamaRequest(list(context_ids) + list(query_ids), logits, ticket, cuts)
 
-    def _reused_batches(self, context: list[SequenceState],
+    def _reused_batches(self, context: list[SequenceState | KeptPrefix],
                         runs: list[tuple[int, int]]) -> list[int]:
         """Where the batches that made the reused cells began, in request positions: each part's
-        start and its prefill's batch boundaries (every ``n_batch`` tokens from the start of
-        that prefill), leaving out those inside a recomputed run (its own batches replace
-        them). The batch-split floor decodes in the same batches: on Gemma 3 other batches
-        alone move logits by up to 1 past a 512-token window (KL ~0.015)."""
+        start and a chunk state's prefill batch boundaries (every ``n_batch`` tokens from the
+        start of that prefill), leaving out those inside a recomputed run (its own batches
+        replace them). The batch-split floor decodes in the same batches: on Gemma 3 other
+        batches alone move logits by up to 1 past a 512-token window (KL ~0.015)."""
         cuts = []
         for part in context:
-            shift = part.start - part.saved_at
             cuts.append(part.start)
-            cuts += [bound + shift for bound in range(self.n_batch, part.saved_at
-                                                      + part.n_tokens, self.n_batch)
-                     if bound > part.saved_at]
+            if isinstance(part, SequenceState):
+                shift = part.start - part.saved_at
+                cuts += [bound + shift for bound in range(self.n_batch, part.saved_at
+                                                          + part.n_tokens, self.n_batch)
+                         if bound > part.saved_at]
         return [cut for cut in cuts if not any(first < cut < end for first, end in runs)]
 
     def extend(self, state: LlamaRequest, token_ids: list[int]) -> torch.Tensor:
