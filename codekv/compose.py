@@ -378,11 +378,12 @@ class Composer:
         composer's scope."""
         return self._key(piece, after)
 
-    def chunk_kv(self, piece: RequestPiece, after: list[int], report: Report | None = None
-                 ) -> tuple[object, bool]:
-        """``piece``'s KV computed after ``after``: the store's, else computed and stored; and
+    def chunk_kv(self, piece: RequestPiece, after: list[int], report: Report | None = None,
+                 after_kv: object = None) -> tuple[object, bool]:
+        """``piece``'s KV computed after ``after``: the store's, else computed (against
+        ``after_kv``, the exact KV of ``after`` where the caller holds it) and stored; and
         whether the store had it. What a server composing its own segments calls."""
-        return self._chunk_kv(piece, self._key(piece, after), after, report)
+        return self._chunk_kv(piece, self._key(piece, after), after, report, after_kv)
 
     # -- steps ---------------------------------------------------------------------------
     def _supported_rule(self, request: Request) -> tuple[str, float, str | None]:
@@ -445,7 +446,8 @@ class Composer:
         cached = []
         for piece in pieces:
             after = self._after(piece, prefix_ids, conditioning)
-            kv, hit = self._chunk_kv(piece, self._key(piece, after), after, report)
+            known = parts[0] if prefix_ids and after == prefix_ids else None  # not again
+            kv, hit = self._chunk_kv(piece, self._key(piece, after), after, report, known)
             report.chunk_hits += hit
             report.chunk_misses += not hit
             report.store_hits += hit
@@ -572,7 +574,8 @@ class Composer:
             )
 
     def _chunk_kv(self, piece: RequestPiece, key: KVKey, prefix_ids: list[int],
-                  report: Report | None = None) -> tuple[object, bool]:
+                  report: Report | None = None, prefix_kv: object = None
+                  ) -> tuple[object, bool]:
         """The chunk's KV in the backend's form, and whether the store had it; a bad entry
         found for it (deleted, then computed and stored again) is counted in ``report``."""
         corrupt = self.store.corrupt
@@ -592,9 +595,10 @@ class Composer:
             report.store_rejected += rejected
         if entry is not None:
             return kv, True
-        kv = self.backend.prefill_chunk(piece.ids, prefix_ids)
+        kv = self.backend.prefill_chunk(piece.ids, prefix_ids, prefix_kv)
         self.counters.chunk_prefills += 1
-        self.counters.chunk_prefill_tokens += len(prefix_ids) + len(piece.ids)
+        self.counters.chunk_prefill_tokens += len(piece.ids) + (
+            len(prefix_ids) if prefix_kv is None else 0)
         provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
                           engine=self.backend.info.engine, n_tokens=len(piece.ids),
                           start=kv.start, created=time.time(),

@@ -94,3 +94,36 @@ def test_a_rule_the_engine_cannot_score_is_refused_not_approximated(tiny_backend
     assert refused.status == FULL_PREFILL
     assert refused.report.fallback_reason == f"unsupported: strategy {name}: no access to V"
     assert comp.compose([A, B], "What is area?", strategy="boundary").status == COMPOSED
+
+
+def test_a_chunk_computed_against_its_prefixs_kv_is_the_one_computed_after_its_text(
+        engine_backend):
+    """``prefill_chunk(chunk, prefix, prefix_kv)`` computes only the chunk, against the
+    prefix's KV: placed in a request, it predicts what the chunk computed after the prefix's
+    text does (the prefix's KV is the same; the chunk's differs only in its batches), and
+    nothing else differs than full prefill's own batch split."""
+    import torch
+
+    backend = engine_backend
+    prefix = backend.tokenize("System: you review code and answer briefly.\n")
+    chunk = backend.tokenize(A.text * 3)
+    query = backend.tokenize("What does area return?")
+    n = len(prefix)
+    prefix_kv = backend.prefill_chunk(prefix)
+    given = backend.prefill_chunk(chunk, prefix, prefix_kv)
+    plain = backend.prefill_chunk(chunk, prefix)
+    assert (given.n_tokens, given.start) == (plain.n_tokens, plain.start) == (len(chunk), n)
+
+    def logits(kv):
+        return backend.recompute(prefix + chunk, backend.concat([prefix_kv, kv]), [],
+                                 query).logits.float()
+
+    full = backend.full_prefill(prefix + chunk + query).logits.float()
+    ours, theirs = logits(given), logits(plain)
+    reference = (theirs - full).abs().max().item()  # the engine's batch-split floor here
+    assert (ours - theirs).abs().max().item() <= max(1e-4, 2 * reference)
+    assert (ours - full).abs().max().item() <= max(1e-4, 2 * reference)
+    # Another prefix's KV is refused, not used.
+    with pytest.raises(ValueError, match="prefix KV"):
+        backend.prefill_chunk(chunk, prefix[:-1], prefix_kv)
+    assert torch.isfinite(ours).all()

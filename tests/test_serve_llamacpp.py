@@ -171,10 +171,11 @@ def tiny_engine(tiny_gguf, tmp_path):
     from codekv.serve.llamacpp_engine import LlamaCppEngine
     from codekv.stores.local import LocalKVStore
 
-    def make(budget_bytes: int | None = None):
+    def make(budget_bytes: int | None = None, store: str = "kv", **options):
         backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
-        engine = LlamaCppEngine(backend, LocalKVStore(tmp_path / "kv"),
-                                SupportGate([], "no evidence"), prefix_budget_bytes=budget_bytes)
+        engine = LlamaCppEngine(backend, LocalKVStore(tmp_path / store),
+                                SupportGate([], "no evidence"), prefix_budget_bytes=budget_bytes,
+                                **options)
         made.append(engine)
         return engine
 
@@ -257,3 +258,77 @@ def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_p
     assert result.exit_code == 1, result.output
     assert "cannot make a context" in result.output and "--prefix-cache-mb" in result.output
     assert "Traceback" not in result.output
+
+
+SYSTEM_TEXT = "You review code and answer briefly, naming the functions you read."
+BLOCK = "def area(width, height):\n    return width * height\n\n\n" * 4
+
+
+def chat_prompt(lead: str):
+    """A prompt as the server renders one: a system message, then a user message with a
+    fenced block (one segment) after ``lead``."""
+    from codekv.serve.engine import Prompt
+
+    system = f"<system>\n{SYSTEM_TEXT}\n"
+    user = f"{lead}\n```python\n{BLOCK}```\nWhat does area return?"
+    text = f"{system}<user>\n{user}\n<assistant>\n"
+    return Prompt(text, [SYSTEM_TEXT, user], system_end=text.index(SYSTEM_TEXT)
+                  + len(SYSTEM_TEXT))
+
+
+def served_prompt(engine, prompt):
+    """(outcome, next-token logits) of a one-token greedy reply to ``prompt``."""
+    import threading
+
+    from codekv.serve.engine import Job, Sampling
+
+    events, done = [], threading.Event()
+
+    def emit(event):
+        events.append(event)
+        if event[0] in ("done", "error"):
+            done.set()
+
+    engine.submit(Job("test", lambda: prompt, Sampling(max_tokens=1, temperature=0), emit,
+                      continuation="x"))
+    assert done.wait(60)
+    assert events[-1][0] == "done", events[-1]
+    while engine.busy:  # segments are stored once the reply is out
+        time.sleep(0.01)
+    return events[0][1]
+
+
+def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):
+    """The system message the segment's key names is kept as the prompt's exact prefix: the
+    segment is computed against those cells, not after the system text again, and reusing it
+    gives what the segment computed after the text gives."""
+    options = {"experimental": True, "min_segment_tokens": 8, "strategy": "none"}
+    kept = tiny_engine(store="kept", **options)
+    again = tiny_engine(0, store="again", **options)  # nothing kept: the system text is run
+    first = chat_prompt("Look at this.")
+    ids, offsets = kept.backend.tokenize_prompt(first.text)
+    system_tokens = sum(1 for _, end in offsets if end <= first.system_end)
+    outcomes = [served_prompt(engine, first) for engine in (kept, again)]
+    # The system message's own text (stored alone: nothing is before it) and the block.
+    assert [o.segments_stored for o in outcomes] == [2, 2]
+    assert 0 < outcomes[0].stored_tokens < len(ids)
+    assert outcomes[1].stored_tokens == outcomes[0].stored_tokens + system_tokens
+    # Each store's entry for the block, placed after the system message: the same
+    # prediction (and full prefill's).
+    from codekv.compose import RequestPiece
+    from codekv.serve import segments as seg
+
+    spans = seg.prompt_spans(first.text, first.contents, [], frozenset())
+    (block,) = [s for s in seg.token_segments(spans, offsets, ids, 8) if s.kind == "code"]
+    piece = RequestPiece(ids[block.start:block.end], block.identity, block.kind, None, [], {})
+    system, query = ids[:system_tokens], kept.backend.tokenize(" What does area return?")
+    context = system + piece.ids
+    predictions = []
+    for engine in (kept, again):
+        kv, hit = engine._composer("test").chunk_kv(piece, system)
+        assert hit and (kv.start, kv.n_tokens) == (system_tokens, len(piece.ids))
+        parts = [kept.backend.prefill_chunk(system), kv]
+        predictions.append(kept.backend.recompute(context, parts, [], query).logits)
+    full = kept.backend.full_prefill(context + query).logits
+    assert (predictions[0] - predictions[1]).abs().max() <= 1e-4
+    assert (predictions[0] - full).abs().max() <= 1e-4

@@ -124,7 +124,12 @@ class Backend(Protocol):
     end_token_ids: frozenset[int]
 
     # -- chunk KV --------------------------------------------------------------------------
-    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> Any: ...
+    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = (),
+                      prefix_kv: Any = None) -> Any:
+        """The chunk's KV computed alone from position 0, or right after ``prefix_ids`` (the
+        chunk's then starts at ``len(prefix_ids)``). ``prefix_kv``, the exact KV of
+        ``prefix_ids`` at 0.. (a part ``concat`` takes), spares computing them again."""
+        ...
 
     def reposition(self, kv: Any, start: int) -> Any: ...
 

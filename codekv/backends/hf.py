@@ -222,14 +222,25 @@ class HFBackend:
 
     # -- KV ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> ChunkKV:
+    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = (),
+                      prefix_kv: ChunkKV | None = None) -> ChunkKV:
         """A chunk's KV computed alone from position 0, or right after ``prefix_ids`` (whose
-        KV is dropped: the chunk's then starts at ``len(prefix_ids)``)."""
+        KV is dropped: the chunk's then starts at ``len(prefix_ids)``); with ``prefix_kv``
+        (theirs, exact, at 0..) only the chunk's tokens are computed, against it."""
+        n = len(prefix_ids)
+        if prefix_kv is not None and n:
+            if prefix_kv.n_tokens != n or prefix_kv.start != 0:
+                raise ValueError(f"prefix KV of {prefix_kv.n_tokens} tokens at "
+                                 f"{prefix_kv.start}, for {n} prefix ids at 0")
+            state = self.recompute(list(prefix_ids), prefix_kv, [], list(token_ids))
+            end = n + len(token_ids)
+            layers = state.cache.layers
+            return ChunkKV([layer.keys[0, :, n:end].clone() for layer in layers],
+                           [layer.values[0, :, n:end].clone() for layer in layers], start=n)
         cache = _full_cache()
         ids = torch.tensor([list(prefix_ids) + list(token_ids)], device=self.device)
         self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         keys, values = _unpack(cache)
-        n = len(prefix_ids)
         if n:
             return ChunkKV([k[0, :, n:].contiguous() for k in keys],
                            [v[0, :, n:].contiguous() for v in values], start=n)

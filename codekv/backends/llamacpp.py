@@ -482,19 +482,47 @@ class LlamaCppBackend:
                                "model or KV type?)")
 
     # -- chunk KV ------------------------------------------------------------------------
-    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = ()) -> SequenceState:
+    def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = (),
+                      prefix_kv: SequenceState | KeptPrefix | None = None) -> SequenceState:
         """A chunk's sequence state computed alone from position 0, or right after
-        ``prefix_ids`` (whose cells are dropped: the chunk's then start at ``len(prefix_ids)``)."""
+        ``prefix_ids`` (whose cells are dropped: the chunk's then start at ``len(prefix_ids)``).
+        With ``prefix_kv`` (their cells, exact, at 0..) those are placed, not computed, and the
+        chunk is decoded after them in the batches a whole prefill would use (every
+        ``n_batch`` from 0), so the batch-split floor reads it as any chunk state."""
         if not token_ids:
             raise ValueError("an empty chunk has no KV")
-        self._take_context()
         n = len(prefix_ids)
+        if prefix_kv is not None and n:
+            return self._chunk_after(list(token_ids), list(prefix_ids), prefix_kv)
+        self._take_context()
         self._decode(list(prefix_ids) + list(token_ids), 0, CHUNK, logits="none")
         if n:
             self._L.llama_memory_seq_rm(self._mem, CHUNK, 0, n)
         state = self._save(CHUNK, len(token_ids), n, alone=True)
         self._L.llama_memory_seq_rm(self._mem, CHUNK, -1, -1)
         return state
+
+    def _chunk_after(self, token_ids: list[int], prefix_ids: list[int],
+                     prefix_kv: SequenceState | KeptPrefix) -> SequenceState:
+        n = len(prefix_ids)
+        if prefix_kv.n_tokens != n or prefix_kv.start != 0:
+            raise ValueError(f"prefix KV of {prefix_kv.n_tokens} tokens at {prefix_kv.start}, "
+                             f"for {n} prefix ids at 0")
+        if n + len(token_ids) > self.n_ctx:
+            raise ValueError(f"positions up to {n + len(token_ids)} exceed the llama.cpp "
+                             f"context of {self.n_ctx}")
+        L, mem = self._L, self._mem
+        self._take_context()
+        self._place([prefix_kv], self._ctx, mem)
+        aligned = min(-(-n // self.n_batch) * self.n_batch - n, len(token_ids))
+        for first, end in ((0, aligned), (aligned, len(token_ids))):
+            if end > first:
+                self._decode(token_ids[first:end], n + first, REQUEST, logits="none")
+        L.llama_memory_seq_rm(mem, REQUEST, 0, n)
+        try:
+            return self._save(REQUEST, len(token_ids), n, alone=True)
+        finally:
+            L.llama_memory_seq_rm(mem, REQUEST, -1, -1)
 
     def reposition(self, kv: SequenceState, start: int) -> SequenceState:
         """Record the move; the engine shifts the cells (RoPE K-shift) when they are placed."""

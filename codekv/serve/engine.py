@@ -250,8 +250,8 @@ class Engine:
         finish, count = self._generate(state, job, forced, outcome)
         job.emit(("done", finish, count))
         composer = self._composer(job.scope)
-        for piece, after in pending:  # for next time, once the reply is out
-            composer.chunk_kv(piece, after)
+        for piece, after, after_kv in pending:  # for next time, once the reply is out
+            composer.chunk_kv(piece, after, after_kv=after_kv)
 
     def _composer(self, scope: str) -> Composer:
         if scope not in self._composers:
@@ -336,9 +336,18 @@ class Engine:
             exact = len(ids)
         if exact > 0:  # composed: only the tokens before its first reused segment are exact
             self._keep_prefix(scope, ids[:exact], state)
+        system_kv = self._kept_part(scope, ids[:system_tokens]) if pending else None
+        pending = [(p, after, system_kv if after else None) for p, after in pending]
         outcome.segments_stored = len(pending)
-        outcome.stored_tokens = sum(len(after) + len(p.ids) for p, after in pending)
+        outcome.stored_tokens = sum(len(p.ids) + (len(after) if kv is None else 0)
+                                    for p, after, kv in pending)
         return state, pending
+
+    def _kept_part(self, scope: str, ids: list[int]):
+        """The exact KV of ``ids`` as a request's first part where the exact-prefix cache
+        keeps all of them (segments stored after them are then computed alone), else None."""
+        kept = self.prefix.holding(scope, ids)
+        return None if kept is None else self._prefix_part(kept, len(ids))
 
     def _lost_in_prefix(self, composer: Composer, segments: list[seg.Segment], n: int,
                         prompt_tokens: int, piece, after) -> list:

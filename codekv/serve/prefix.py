@@ -75,6 +75,16 @@ class ExactPrefixLRU:
         self._use(entry)
         return n, entry.kv
 
+    def holding(self, scope: str, token_ids: list[int]) -> Any:
+        """The KV of a recent prompt of ``scope`` that starts with all of ``token_ids``, or
+        None: for work besides a request's own prefix (storing segments computed after these
+        tokens), so neither counted nor refreshed."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        n, node, _ = self._walk(scope, ids)
+        if not len(ids) or n < len(ids):
+            return None
+        return self._least_recent_under(node).kv
+
     def put(self, scope: str, token_ids: list[int], kv: Any, nbytes: int) -> bool:
         """Keep ``kv`` (of ``token_ids``); a prompt that is a prefix of one kept adds nothing.
         Whether it was kept."""
