@@ -179,7 +179,8 @@ class RequestPiece:
 class Request:
     """A request's tokens: ``prefix_ids + pieces + query_ids``, tokenized once by
     ``Composer.build_request`` so composition, full prefill and the evaluation's other methods
-    all see the same token sequence."""
+    all see the same token sequence. ``prefix_ids`` start with the model's leading tokens (its
+    BOS, where it has one)."""
 
     prefix_ids: list[int]
     pieces: list[RequestPiece]
@@ -200,7 +201,8 @@ class Composer:
     ``conditioning`` says what each chunk's KV is computed after (``codekv.conditioning``):
     ``"prefix"`` (default), ``"none"`` or ``"graph"``, each stored apart. Under ``"graph"`` a
     code chunk is computed after the prefix and the definitions it uses (up to
-    ``graph_tokens``); passages have no graph and are computed after the prefix.
+    ``graph_tokens``); passages have no graph and are computed after the prefix. "Alone"
+    (``"none"``) is after the model's leading tokens (a BOS) where it has them.
     """
 
     def __init__(
@@ -288,8 +290,11 @@ class Composer:
                 f"request of {report.total_tokens} tokens (+{max_new_tokens} to generate) exceeds "
                 f"the model's {limit} positions"
             )
-        # A query alone has no cached KV to reuse: its full prefill is the answer.
-        reason = self._refusal(request, selection) if context_ids else "no context: only a query"
+        # A query alone (after the model's leading tokens at most) has no cached KV to reuse:
+        # its full prefill is the answer.
+        reason = (self._refusal(request, selection)
+                  if len(context_ids) > len(self.backend.leading_ids)
+                  else "no context: only a query")
         if reason is None:
             try:
                 state = self._compose(prefix_ids, pieces, query_ids, selection, ratio, report,
@@ -340,7 +345,8 @@ class Composer:
         """
         conditioning = checked_conditioning(conditioning or self.conditioning)
         request = self.build_request(chunks, prefix=prefix)
-        prefix_ids = request.prefix_ids if conditioning != "none" else []
+        prefix_ids = (request.prefix_ids if conditioning != "none"
+                      else list(self.backend.leading_ids))
         pieces = request.pieces
         limit = self.backend.info.max_positions
         for piece in pieces:
@@ -369,7 +375,8 @@ class Composer:
         """The request ``prefix + chunks + query`` tokenized, each chunk with its identity and
         anchors: what ``compose``, ``full_prefill`` and ``prefill`` run on (``chunks`` as for
         ``compose``)."""
-        prefix_ids = self.backend.tokenize(prefix) if prefix else []
+        prefix_ids = list(self.backend.leading_ids)  # a BOS, where the model starts with one
+        prefix_ids += self.backend.tokenize(prefix) if prefix else []
         query_ids = self.backend.tokenize(query) if query else []
         return Request(prefix_ids, [self._piece(item) for item in chunks], query_ids)
 
@@ -512,8 +519,8 @@ class Composer:
 
     def _after(self, piece: RequestPiece, prefix_ids: list[int], conditioning: str) -> list[int]:
         """The tokens a chunk's KV is computed after, under ``conditioning``."""
-        if conditioning == "none":
-            return []
+        if conditioning == "none":  # alone: after nothing but the model's leading tokens
+            return list(self.backend.leading_ids)
         if conditioning == "prefix" or piece.chunk is None or self.index is None:
             return prefix_ids
         room = self.backend.info.max_positions - len(prefix_ids) - len(piece.ids)

@@ -27,6 +27,22 @@ class GGUFError(ValueError):
     """The file is not a GGUF file this reader understands."""
 
 
+# Tokenizer models whose sequences start with a BOS when the GGUF does not say (llama.cpp's
+# defaults: SentencePiece and WordPiece add one, byte-level BPE does not).
+ADDS_BOS_BY_DEFAULT = frozenset({"llama", "bert"})
+
+
+def leading_ids(path: Path) -> list[int]:
+    """The BOS every sequence starts with where the GGUF's tokenizer adds one, as llama.cpp
+    reads it: ``tokenizer.ggml.add_bos_token``, else its tokenizer model's default; or []."""
+    meta = read_metadata(path, "tokenizer.ggml.")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    adds = meta.get("tokenizer.ggml.add_bos_token")
+    if adds is None:
+        adds = meta.get("tokenizer.ggml.model") in ADDS_BOS_BY_DEFAULT
+    return [int(bos)] if adds and bos is not None else []
+
+
 def read_metadata(path: Path, prefix: str = "") -> dict:
     """The header's key-value pairs whose keys start with ``prefix``."""
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:

@@ -379,7 +379,7 @@ def test_a_state_entry_without_its_token_count_is_recomputed_and_replaced(tiny_l
     comp = composer(tiny_llama, tmp_path, store=store)
     first = comp.compose([A, B], QUERY, strategy="all")
     piece = comp._piece(A)
-    key = comp._key(piece, [])
+    key = comp.chunk_key(piece, tiny_llama.leading_ids)  # computed after the BOS alone
     entry = store.get(key)
     damage(entry.provenance)
     store.reject(key)
@@ -569,3 +569,29 @@ def test_a_kept_sequence_serves_a_later_prompts_prefix_as_the_same_batches(tiny_
     backend.release(seq)
     assert L.llama_memory_seq_pos_max(backend._mem, seq) == -1
     backend.close()
+
+
+def test_the_leading_bos_is_the_one_llama_cpp_adds(tiny_llama, smollm_llama, tiny_gguf):
+    """What codekv reads from a GGUF (for transformers too) is what llama.cpp adds: tinycoder's
+    SentencePiece vocabulary says nothing, and llama.cpp's default adds a BOS; SmolLM2 says
+    not to. A rendered prompt gets it first unless it starts with it (a template's)."""
+    from codekv.backends import with_leading
+    from codekv.gguf_vocab import leading_ids
+
+    assert tiny_llama.leading_ids == leading_ids(tiny_gguf) == [1]
+    assert smollm_llama.leading_ids == leading_ids(smollm_llama.path) == []
+    ids, spans = tiny_llama.tokenize_prompt("def f():")
+    assert ids == [1] + tiny_llama.tokenize("def f():")
+    assert spans == [(0, 0)] + tiny_llama.tokenize_with_offsets("def f():")[1]
+    assert with_leading([1], ids, spans) == (ids, spans)  # never twice
+    assert smollm_llama.tokenize_prompt("def f():")[0] == smollm_llama.tokenize("def f():")
+
+
+def test_a_chunk_right_after_the_bos_is_exact_with_nothing_recomputed(tiny_llama, tmp_path):
+    """Computed "alone", a chunk's KV is computed after the model's BOS: placed right after
+    it, with nothing recomputed, it is full prefill's within the batch-split floor."""
+    comp = composer(tiny_llama, tmp_path)
+    result = comp.compose([C], QUERY, strategy="none", conditioning="none")
+    assert result.status == COMPOSED and result.token_ids[0] == 1
+    full = tiny_llama.batch_reference(result.token_ids, result.state.cuts)
+    assert max_diff(result.state.logits, full.logits) <= SAME_BATCHES

@@ -564,3 +564,51 @@ def test_a_full_prefill_reports_no_rule_and_generation_is_a_count(tiny_backend, 
     assert (composed.report.strategy, composed.report.ratio) == ("query", 0.3)
     with pytest.raises(ValueError, match="max_new_tokens must be a count of tokens from 0, not -5"):
         gated.compose([A, B], QUERY, max_new_tokens=-5)
+
+
+# -- a model whose tokenizer starts every sequence with a BOS (Gemma's <bos>) ----------------
+
+
+def bos_backend():
+    """The tiny Llama with a tokenizer that puts ``<bos>`` first, as Gemma's does."""
+    from conftest import tiny_model, tiny_tokenizer
+    from tokenizers import processors
+
+    from codekv.backends.hf import HFBackend
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_special_tokens({"bos_token": "<bos>"})
+    bos = tokenizer.bos_token_id
+    tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", bos)])
+    return HFBackend(tiny_model("llama"), tokenizer), bos
+
+
+def test_requests_start_with_the_models_bos_and_chunks_are_computed_after_it(tmp_path):
+    backend, bos = bos_backend()
+    assert backend.leading_ids == [bos] and bos not in backend.tokenize(A.text)
+    composer = make_composer(backend, tmp_path)
+    body = backend.tokenize(C.text + "\n") + backend.tokenize(QUERY)
+    for conditioning in ("none", "prefix"):
+        # One chunk right after the BOS, nothing recomputed: exact only if its KV was
+        # computed after the BOS (alone at 0, re-positioned to 1, it is not).
+        result = composer.compose([C], QUERY, strategy="none", conditioning=conditioning)
+        assert result.status == COMPOSED and result.report.recomputed_tokens == 0
+        assert result.token_ids == [bos] + body
+        reference = backend.full_prefill([bos] + body)
+        assert max_diff(result.next_token_logits(), reference.logits) <= TOL
+    # With a system prompt and every token recomputed: full prefill's, BOS first.
+    result = composer.compose([A, B, C], QUERY, prefix=PREFIX, strategy="all")
+    reference = composer.full_prefill([A, B, C], QUERY, prefix=PREFIX)
+    assert reference.token_ids[0] == bos and reference.token_ids.count(bos) == 1
+    assert_exact(result, reference)
+    # A query alone is still that: nothing to reuse after the BOS.
+    alone = composer.compose([], QUERY, strategy="all")
+    assert alone.status == FULL_PREFILL and alone.token_ids == [bos] + backend.tokenize(QUERY)
+
+
+def test_a_model_without_a_bos_is_as_before(tiny_backend, tmp_path):
+    backend = tiny_backend("llama")
+    assert backend.leading_ids == []
+    result = make_composer(backend, tmp_path).compose([C], QUERY, strategy="none")
+    assert result.token_ids == backend.tokenize(C.text + "\n") + backend.tokenize(QUERY)

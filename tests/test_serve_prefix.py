@@ -117,3 +117,16 @@ def test_a_long_shared_prefix_is_split_where_prompts_part():
     assert [np.asarray(e.token_ids).tolist()[64:] for e in cache.entries.values()] == [
         [1, 7], [9], [1, 2, 3, 4]]
     assert cache.bytes == 30
+
+
+def test_a_bos_every_prompt_starts_with_is_no_shared_prefix():
+    """Prompts that share only their BOS: a miss, and the kept prompt is not refreshed (else
+    the least recently used prompt would never leave)."""
+    cache = ExactPrefixLRU(budget_bytes=2)
+    cache.put("s", [1, 10, 11], "first", 1)
+    cache.put("s", [1, 20, 21], "second", 1)
+    assert cache.longest("s", [1, 30, 31], min_tokens=2) == (0, None)
+    assert (cache.hits, cache.misses) == (0, 1)
+    cache.put("s", [1, 30, 31], "third", 1)  # the least recently used goes: the first
+    assert cache.longest("s", [1, 10, 11], min_tokens=2) == (0, None)
+    assert cache.longest("s", [1, 20, 21, 22], min_tokens=2) == (3, "second")

@@ -64,6 +64,15 @@ def mean_nll(backend: Backend, state: RequestState, target_ids: list[int]) -> fl
     return torch.nn.functional.cross_entropy(predictions, targets).item()
 
 
+def with_leading(leading: list[int], ids: list[int], spans: list[tuple[int, int]]
+                 ) -> tuple[list[int], list[tuple[int, int]]]:
+    """A prompt's ids and spans with the leading tokens first (spanning no characters),
+    unless it starts with them already."""
+    if not leading or ids[:len(leading)] == leading:
+        return ids, spans
+    return list(leading) + ids, [(0, 0)] * len(leading) + spans
+
+
 class ChunkState(Protocol):
     """A backend's KV of a token span whose first token sits at position ``start``."""
 
@@ -122,6 +131,11 @@ class Backend(Protocol):
     # Tokens that end a reply: the tokenizer's end of sequence and the model's own end of turn
     # (a chat template's ``<|im_end|>``), which a server stops at.
     end_token_ids: frozenset[int]
+
+    # Tokens every sequence starts with: the BOS of a model whose tokenizer adds one (Gemma's
+    # ``<bos>``), [] where none is added (SmolLM2). Requests start with them, and a chunk's KV
+    # is computed after them even "alone": the model never saw text without them.
+    leading_ids: list[int]
 
     # -- chunk KV --------------------------------------------------------------------------
     def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = (),

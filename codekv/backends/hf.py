@@ -23,7 +23,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from codekv.backends import ModelInfo, UnsupportedModel, mean_nll
+from codekv.backends import ModelInfo, UnsupportedModel, mean_nll, with_leading
 from codekv.stores.entry import BadEntry, KVEntry
 
 # Families with rotate-half RoPE applied to keys after any key normalisation, so a cached key
@@ -130,9 +130,13 @@ class HFBackend:
     relevance_refusal = None  # and the query's attention over them too
     unshifted_refusal = None  # and KV left at its own positions is just not rotated
 
-    def __init__(self, model, tokenizer, weights_fingerprint: str | None = None):
+    def __init__(self, model, tokenizer, weights_fingerprint: str | None = None,
+                 leading_ids: list[int] | None = None):
+        """``leading_ids``: the tokens every sequence starts with (a GGUF's BOS, as its
+        metadata says); by default those the tokenizer puts before any text."""
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.leading_ids = list(leading_ids) if leading_ids is not None else _leading(tokenizer)
         self.config = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -202,8 +206,9 @@ class HFBackend:
             raise ValueError(str(error)) from None
 
     def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """A rendered prompt's tokens and spans: the tokenizer reads its special tokens."""
-        return self.tokenize_with_offsets(text)
+        """A rendered prompt's tokens and spans: the tokenizer reads its special tokens; the
+        leading tokens go first unless the text starts with them (a template's ``<bos>``)."""
+        return with_leading(self.leading_ids, *self.tokenize_with_offsets(text))
 
     @property
     def eos_token_id(self) -> int | None:
@@ -590,6 +595,15 @@ class _SlotLayer(DynamicLayer):
         self.values.index_copy_(2, self.slots, value_states)
         self.slots = None
         return self.keys, self.values
+
+
+def _leading(tokenizer) -> list[int]:
+    """The special tokens ``tokenizer(text)`` puts before any text (a BOS), or []."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    if plain and len(full) > len(plain) and full[len(full) - len(plain):] == plain:
+        return full[:len(full) - len(plain)]
+    return []
 
 
 def _with_room(tensor: torch.Tensor, length: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from codekv import paths
 from codekv.backends.engines import ModelLoadError
+from codekv.gguf_vocab import leading_ids
 from codekv.models import cached_digest
 
 
@@ -38,8 +39,10 @@ def load(model: Path, dtype: str = "float32", device: str | None = None):
 
     quiet_transformers()
     path = Path(model)
+    leading = None  # a directory's tokenizer says what it puts first
     if path.is_file() and path.suffix == ".gguf":
         directory, weights = _converted(path, dtype)
+        leading = leading_ids(path)  # as llama.cpp reads the GGUF
     elif path.is_dir() and (path / "config.json").is_file():
         directory, weights = path, None
     else:
@@ -58,7 +61,7 @@ def load(model: Path, dtype: str = "float32", device: str | None = None):
         raise ModelLoadError(f"cannot load {directory}: {error}") from error
     if device:
         loaded = loaded.to(device)
-    return HFBackend(loaded, tokenizer, weights_fingerprint=weights)
+    return HFBackend(loaded, tokenizer, weights_fingerprint=weights, leading_ids=leading)
 
 
 def _converted(gguf: Path, dtype: str) -> tuple[Path, str]:

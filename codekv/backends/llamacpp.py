@@ -53,7 +53,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from codekv.backends import KeptSequencesError, ModelInfo, UnsupportedModel, mean_nll
+from codekv.backends import (
+    KeptSequencesError,
+    ModelInfo,
+    UnsupportedModel,
+    mean_nll,
+    with_leading,
+)
 from codekv.backends.engines import LLAMA_CPP
 from codekv.backends.llamacpp_attention import AttentionReader
 from codekv.stores.entry import BadEntry, KVEntry
@@ -159,6 +165,8 @@ class LlamaCppBackend:
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
         self._windowed = L.llama_model_n_swa(self._model) > 0
+        self.leading_ids = ([L.llama_vocab_bos(self._vocab)]
+                            if L.llama_vocab_get_add_bos(self._vocab) else [])
         trained = L.llama_model_n_ctx_train(self._model)
         self.n_ctx = min(n_ctx or trained, trained)
         self.n_batch = n_batch
@@ -295,8 +303,9 @@ class LlamaCppBackend:
         return rendered[0]
 
     def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """A rendered prompt's token ids (its special tokens read as such) and spans."""
-        return self._offsets(text, special=True)
+        """A rendered prompt's token ids (its special tokens read as such) and spans, the
+        leading tokens first unless the text starts with them (a template's ``<bos>``)."""
+        return with_leading(self.leading_ids, *self._offsets(text, special=True))
 
     def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids (as ``tokenize``) and each token's character span in ``text``."""

@@ -304,6 +304,10 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
         notes.append("KV pruning and the peer library are measured without a system prompt: "
                      "they ran only with --prefix none")
         pruned = peers = []
+    if peers and backend.leading_ids:
+        notes.append("the peer library (kvboost) starts every piece without the model's "
+                     "leading BOS, which this model's requests start with: skipped")
+        peers = []
     if pruned:
         from codekv.eval import pruning
 

@@ -61,8 +61,9 @@ class Peers:
         return len(self.methods)
 
     def results(self, composer, task, prefix: str | None = None):
-        if prefix:
-            raise ValueError("the peer library is measured without a request prefix")
+        if prefix or composer.backend.leading_ids:
+            raise ValueError("the peer library is measured without a request prefix (nor a "
+                             "model's leading BOS: it starts every piece without one)")
         if self.engine is None or self.engine.backend is not composer.backend:
             self.engine = KVBoostRunner(composer.backend)
         request = composer.build_request(task.context, task.query)

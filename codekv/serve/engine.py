@@ -274,8 +274,10 @@ class Engine:
         backend = self.backend
         if self.slots is not None:
             return self.slots.prefill(scope, ids, outcome), []
-        n, prefix_kv = self.prefix.longest(scope, ids)
+        n, prefix_kv = self.prefix.longest(scope, ids, len(backend.leading_ids) + 1)
         n = min(n, len(ids) - 1)  # the last token's logits are computed, never cached
+        if n <= len(backend.leading_ids):  # a BOS alone is no shared prefix
+            n = 0
         composer = self._composer(scope)
         candidates = [s for s in segments if s.start >= n]
         outcome.segments = len(candidates)

@@ -62,12 +62,15 @@ class ExactPrefixLRU:
         self._roots: dict[str, _Node] = {}
         self._clock = itertools.count()
 
-    def longest(self, scope: str, token_ids: list[int]) -> tuple[int, Any]:
+    def longest(self, scope: str, token_ids: list[int], min_tokens: int = 1
+                ) -> tuple[int, Any]:
         """(n, kv): the longest common prefix of ``token_ids`` with a recent prompt of
-        ``scope`` and that prompt's KV (n may be less than its length); (0, None) if none."""
+        ``scope`` and that prompt's KV (n may be less than its length); (0, None) if none or
+        shorter than ``min_tokens`` (a BOS every prompt starts with is no shared prefix: it
+        neither counts as a hit nor keeps a prompt in use)."""
         ids = np.asarray(token_ids, dtype=np.int64)
         n, node, _ = self._walk(scope, ids)
-        if n == 0:
+        if n < max(min_tokens, 1):
             self.misses += 1
             return 0, None
         self.hits += 1
