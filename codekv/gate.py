@@ -340,7 +340,8 @@ class SupportGate:
             return Verdict(False, f"unsupported: {pair} passed its evaluation but was "
                                   "not confirmed on held-out tasks")
         if not held_out["passed"]:
-            return Verdict(False, f"unsupported: {pair} failed on held-out tasks")
+            return Verdict(False, f"unsupported: {pair} failed on held-out tasks"
+                                  f"{_why_not(held_out)}")
         if entry.get("covers") is None:
             return Verdict(False, f"unsupported: the entry for {pair} does not say what it "
                                   f"covers (models, languages, context lengths); {RERUN}")
@@ -357,6 +358,16 @@ class SupportGate:
     def _invalid(entry: str, problems: list[str], file: str) -> Verdict:
         return Verdict(False, f"unsupported: {entry} in {file} is invalid: "
                               + "; ".join(problems))
+
+
+def _why_not(held_out: dict) -> str:
+    """What the held-out run's closest rule missed, as its record says (or nothing)."""
+    closest = held_out.get("closest")
+    for candidate in held_out.get("candidates") or []:
+        if (isinstance(candidate, dict) and candidate.get("method") == closest
+                and candidate.get("failures")):
+            return f" ({closest}: {'; '.join(map(str, candidate['failures']))})"
+    return ""
 
 
 def _coverage(entry: dict) -> Coverage | None:

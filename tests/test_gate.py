@@ -54,6 +54,14 @@ def test_a_pass_licenses_composition_only_once_held_out_tasks_confirm_it():
     failed = SupportGate([covering(entry | {"held_out": {"passed": False}})], "test")
     assert failed.verdict("llama", "code-qa").reason == (
         "unsupported: llama/code-qa failed on held-out tasks")
+    missed = {"passed": False, "closest": "query@0.15", "candidates": [
+        {"method": "query@0.1", "passed": False, "failures": ["ΔNLL CI high 0.05 > 0.03"]},
+        {"method": "query@0.15", "passed": False, "failures": ["score drop CI high 1.14 > 1.0"]},
+    ]}
+    failed = SupportGate([covering(entry | {"held_out": missed})], "test")
+    assert failed.verdict("llama", "code-qa").reason == (
+        "unsupported: llama/code-qa failed on held-out tasks (query@0.15: score drop CI high "
+        "1.14 > 1.0)")
     confirmed = SupportGate([covering(entry | {"held_out": CONFIRMED})],
                             "test").verdict("llama", "code-qa")
     assert confirmed.allowed and (confirmed.strategy, confirmed.ratio) == ("query", 0.15)
@@ -402,7 +410,8 @@ def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens
 
 def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
     """Measured per task (not backfilled): the GGUF's own fingerprint, Python, the contexts
-    its tasks had; it licenses nothing until held-out tasks confirm it."""
+    its tasks had. Its held-out run (click, networkx) missed the edit-similarity bound, so it
+    licenses nothing, and says which figure failed."""
     gate = SupportGate.load()
     [code] = [pair for pair in gate.pairs()
               if pair["workload"] == "code-qa" and pair["engine"] == "llama.cpp"]
@@ -411,6 +420,10 @@ def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
     assert covers["languages"] == ["python"]
     assert 0 < covers["context_tokens"]["min"] < covers["context_tokens"]["max"] <= 2048
     assert code["evidence"]["covers"]["source"].startswith("measured")
+    verdict = gate.verdict("llama", "code-qa", "llama.cpp")
+    assert not verdict.allowed and verdict.strategy is None
+    assert verdict.reason == ("unsupported: llama/code-qa on llama.cpp failed on held-out tasks "
+                              "(query@0.15: score drop CI high 1.14 > 1.0)")
 
 
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):

@@ -254,7 +254,8 @@ def test_held_out_tasks_that_no_candidate_passes_leave_the_pair_unsupported():
     assert "on held-out tasks no strategy meets the thresholds" in code["reason"]
     gate = SupportGate(document["entries"], "t")
     assert gate.verdict("llama", "code-qa").reason == (
-        "unsupported: llama/code-qa failed on held-out tasks")
+        "unsupported: llama/code-qa failed on held-out tasks (query@0.15: delta NLL CI high "
+        "0.060 > 0.05)")
     assert "held_out" not in rag  # failed its evidence: nothing to confirm
     # Another family's or engine's rows confirm nothing.
     before = json.dumps(document)
