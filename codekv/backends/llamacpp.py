@@ -67,7 +67,12 @@ from codekv.tokens import file_digest
 
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # name -> ggml type id (llama.h / ggml.h)
 REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a recomputed run
-KEPT_FIRST = 3  # kept sequences (a server's recent prompts) are 3, 4, ...
+# A sliding-window model's cache takes a cell held by one sequence alone as free once it is a
+# window behind that sequence's last position (even with swa_full): placing later parts or
+# decoding would then overwrite request cells that a run recomputed in the middle, or a token
+# after a rewind, still attends to. Every request cell is also held by PIN, so none is.
+PIN = 3
+KEPT_FIRST = 4  # kept sequences (a server's recent prompts) are 4, 5, ...
 KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}  # bytes per value (q8_0: 32 in 34 bytes)
 DEVIATION_REFUSAL = (
     "llama.cpp keeps KV as an opaque per-sequence state: per-token KV deviation cannot be "
@@ -352,7 +357,7 @@ class LlamaCppBackend:
         """Start over: the request's and scratch sequences empty (kept ones stay); the
         previous request state is no longer usable."""
         if self.kept_sequences:
-            for seq in (REQUEST, CHUNK, RUN):
+            for seq in (REQUEST, CHUNK, RUN, PIN):
                 self._L.llama_memory_seq_rm(self._mem, seq, -1, -1)
         else:
             self._L.llama_memory_clear(self._mem, False)
@@ -420,6 +425,16 @@ class LlamaCppBackend:
             return self._save(CHUNK, part.n_tokens, 0)
         finally:
             L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
+
+    def _pin(self, source: int, p0: int, p1: int, mem=None) -> None:
+        """Hold ``source``'s cells at positions [p0, p1) of the request in PIN too (a
+        sliding-window model's only: no other cache frees cells behind a window)."""
+        if self._windowed:
+            self._L.llama_memory_seq_cp(mem or self._mem, source, PIN, p0, p1)
+
+    def _unpin(self, p0: int, p1: int) -> None:
+        if self._windowed:
+            self._L.llama_memory_seq_rm(self._mem, PIN, p0, p1)
 
     def _check(self, state: LlamaRequest) -> None:
         if state.ticket != self._ticket:
@@ -528,6 +543,7 @@ class LlamaCppBackend:
             if end > first:
                 self._decode(token_ids[first:end], n + first, REQUEST, logits="none")
         L.llama_memory_seq_rm(mem, REQUEST, 0, n)
+        self._unpin(-1, -1)  # the state holds the chunk's cells alone
         try:
             return self._save(REQUEST, len(token_ids), n, alone=True)
         finally:
@@ -623,12 +639,14 @@ class LlamaCppBackend:
             if isinstance(part, KeptPrefix):
                 if ctx is self._ctx:  # its cells are here: shared, not copied
                     L.llama_memory_seq_cp(mem, self._kept(part.seq), REQUEST, 0, part.n_tokens)
+                    self._pin(REQUEST, 0, part.n_tokens, mem)
                     continue
                 part = self._kept_state(part)
             self._restore(part, CHUNK, ctx)
             if part.start != part.saved_at:
                 L.llama_memory_seq_add(mem, CHUNK, -1, -1, part.start - part.saved_at)
             L.llama_memory_seq_cp(mem, CHUNK, REQUEST, -1, -1)
+            self._pin(CHUNK, -1, -1, mem)  # before the next part's cells are found room
             L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
     # -- requests ------------------------------------------------------------------------
@@ -645,6 +663,7 @@ class LlamaCppBackend:
         bounds = [0, *sorted({c for c in cuts if 0 < c < len(token_ids)}), len(token_ids)]
         for first, end in zip(bounds, bounds[1:]):
             logits = self._decode(list(token_ids[first:end]), first, REQUEST)
+            self._pin(REQUEST, first, end)
         return LlamaRequest(list(token_ids), logits, ticket, bounds[1:-1])
 
     def batch_floor(self, state: LlamaRequest) -> LlamaRequest:
@@ -675,11 +694,14 @@ class LlamaCppBackend:
                 L.llama_memory_seq_cp(mem, REQUEST, RUN, 0, first)
             # The run's stale cells go first: the fresh ones then fit in the same room.
             L.llama_memory_seq_rm(mem, REQUEST, first, end)
+            self._unpin(first, end)
             logits = self._decode(context_ids[first:end], first, RUN)
             L.llama_memory_seq_cp(mem, RUN, REQUEST, first, end)
+            self._pin(RUN, first, end)
             L.llama_memory_seq_rm(mem, RUN, -1, -1)
         if query_ids:
             logits = self._decode(list(query_ids), n, REQUEST)
+            self._pin(REQUEST, n, n + len(query_ids))
         cuts = sorted({c for c in cuts if 0 < c < n} | ({n} if query_ids else set()))
         return LlamaRequest(list(context_ids) + list(query_ids), logits, ticket, cuts)
 
@@ -704,6 +726,7 @@ class LlamaCppBackend:
         """Append tokens to the state; returns logits for every appended position."""
         self._check(state)
         rows = self._decode(list(token_ids), state.length, REQUEST, logits="all")
+        self._pin(REQUEST, state.length, state.length + len(token_ids))
         state.token_ids.extend(token_ids)
         state.logits = rows[-1]
         return rows
@@ -711,6 +734,7 @@ class LlamaCppBackend:
     def rewind(self, state: LlamaRequest, length: int, logits: torch.Tensor) -> None:
         self._check(state)
         self._L.llama_memory_seq_rm(self._mem, REQUEST, length, -1)
+        self._unpin(length, -1)
         del state.token_ids[length:]
         state.logits = logits
 
