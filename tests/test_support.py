@@ -92,7 +92,8 @@ def test_gate_without_a_passing_strategy_says_why_and_the_gate_refuses(tmp_path)
     write_json(path, support_document([rag, tools], "codekv eval ...", {"family": "llama"}, {}))
     gate = SupportGate.load(path)
     assert "not confirmed on held-out tasks" in gate.verdict("llama", "tool-docs").reason
-    assert gate.verdict("llama", "rag").reason == "unsupported: llama/rag failed its evaluation"
+    assert gate.verdict("llama", "rag").reason == ("unsupported: llama/rag failed its evaluation "
+                                                   "(hybrid@0.15: speedup 1.50x < 2.0x)")
     assert not gate.verdict("llama", "code-qa").allowed  # never evaluated: no evidence
     assert not gate.verdict("gemma3", "tool-docs").allowed
     [graph] = gate_entries([fake_row("hybrid+graph@0.05")], "llama")
