@@ -332,3 +332,54 @@ def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):
     full = kept.backend.full_prefill(context + query).logits
     assert (predictions[0] - predictions[1]).abs().max() <= 1e-4
     assert (predictions[0] - full).abs().max() <= 1e-4
+
+
+def blocks_prompt(*blocks: str):
+    """The system message, then a user message with a fenced block per ``blocks``."""
+    from codekv.serve.engine import Prompt
+
+    system = f"<system>\n{SYSTEM_TEXT}\n"
+    user = "Look at these.\n" + "".join(f"```python\n{b}```\n" for b in blocks) + "Which?"
+    text = f"{system}<user>\n{user}\n<assistant>\n"
+    return Prompt(text, [SYSTEM_TEXT, user], system_end=text.index(SYSTEM_TEXT)
+                  + len(SYSTEM_TEXT))
+
+
+def test_a_new_segment_between_reused_ones_is_computed_once(tiny_engine, monkeypatch):
+    """It is recomputed in place like any text between reused segments; its placeholder KV
+    is the store's computation (after the kept system message), not a second one alone."""
+    engine = tiny_engine(experimental=True, min_segment_tokens=8, strategy="all")
+    backend = engine.backend
+    first, last = (f"def {name}(x):\n    return x * {n}\n" * 3
+                   for n, name in enumerate(("first", "last")))
+    new = "class Middle:\n    def get(self):\n        return self.value\n" * 2
+    served_prompt(engine, blocks_prompt(first, last))  # stores both
+    computed = []
+    prefill_chunk = backend.prefill_chunk
+
+    def counted(token_ids, *args, **kwargs):
+        computed.append(list(token_ids))
+        return prefill_chunk(token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "prefill_chunk", counted)
+    prompt = blocks_prompt(first, new, last)
+    outcome = served_prompt(engine, prompt)
+    # The first block is in the exact prefix, the last reused, the new one between them.
+    assert outcome.status == "composed" and outcome.segments_reused == 1
+    assert outcome.exact_prefix_tokens > 0 and outcome.segments == 2
+    assert outcome.segments_stored == 1  # the new block, stored while composing
+
+    def holds(ids: list[int], run: list[int]) -> bool:
+        return any(ids[i:i + len(run)] == run for i in range(len(ids) - len(run) + 1))
+
+    # The new block's tokens are computed once (never a second time, alone or in glue).
+    body = backend.tokenize(new)[2:-2]
+    assert sum(holds(ids, body) for ids in computed) == 1
+    # Every token recomputed (all): the reply's first token is full prefill's.
+    ids, _ = backend.tokenize_prompt(prompt.text)
+    full = backend.full_prefill(ids).logits
+    reference = -float(full.log_softmax(-1)[backend.tokenize("x")[0]])
+    assert outcome.continuation_nll[0] == pytest.approx(reference, abs=1e-3)
+    # Stored: the new block first, after another, is reused, and nothing is stored again.
+    again = served_prompt(engine, blocks_prompt(last, new))
+    assert again.segments_reused == again.segments >= 1 and again.segments_stored == 0

@@ -302,22 +302,24 @@ class Engine:
             return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
                                 None, [], {"kind": segment.kind, "source": "serve"})
 
-        hits, pending = [], []
+        hits, pending, misses = [], [], []
         for segment, verdict in licensed:
             p = piece(segment)
             if self.store.contains(composer.chunk_key(p, after(segment))):
                 hits.append((segment, verdict, p))
             else:
                 pending.append((p, after(segment)))
+                misses.append((segment, p))
         if not backend.info.unsupported and self.reuse == COMPOSE:
             pending += self._lost_in_prefix(composer, segments, n, len(ids), piece, after)
         if licensed and self.store.error:  # its lookups failed: every segment was a miss
             refusals["store"] = f"the chunk store failed: {self.store.error}"
         outcome.fallback_reason = "; ".join(sorted(set(refusals.values()))) or None
-        state = None
+        state, stored = None, []
         if hits:
             try:
-                state, exact = self._compose(composer, ids, n, prefix_kv, hits, after, outcome)
+                state, exact = self._compose(composer, ids, n, prefix_kv, hits, after, outcome,
+                                             misses, system_tokens, stored)
             except Exception as error:  # noqa: BLE001 - any failure falls back, with its reason
                 log.warning("composition failed: %s", error)
                 outcome.fallback_reason = f"composition failed: {error}"
@@ -338,11 +340,15 @@ class Engine:
             exact = len(ids)
         if exact > 0:  # composed: only the tokens before its first reused segment are exact
             self._keep_prefix(scope, ids[:exact], state)
+        if state is not None and outcome.status == COMPOSED:  # else nothing was stored early
+            pending = [(p, after) for p, after in pending if not any(p is s for s in stored)]
+        else:
+            stored = []
         system_kv = self._kept_part(scope, ids[:system_tokens]) if pending else None
         pending = [(p, after, system_kv if after else None) for p, after in pending]
-        outcome.segments_stored = len(pending)
-        outcome.stored_tokens = sum(len(p.ids) + (len(after) if kv is None else 0)
-                                    for p, after, kv in pending)
+        outcome.segments_stored = len(pending) + len(stored)
+        outcome.stored_tokens = sum(len(p.ids) for p in stored) + sum(
+            len(p.ids) + (len(after) if kv is None else 0) for p, after, kv in pending)
         return state, pending
 
     def _kept_part(self, scope: str, ids: list[int]):
@@ -378,8 +384,14 @@ class Engine:
         chosen = recomputing_most(allowed)
         return chosen.strategy, chosen.ratio or 0.0
 
-    def _compose(self, composer: Composer, ids, n, prefix_kv, hits, after, outcome: Outcome):
+    def _compose(self, composer: Composer, ids, n, prefix_kv, hits, after, outcome: Outcome,
+                 misses=(), system_tokens: int = 0, stored: list | None = None):
+        """The composed state and how many of its first tokens are exact. New segments between
+        reused ones (``misses``) are computed once for the store and placed from that (``stored``
+        lists them)."""
         backend = self.backend
+        system_kv = (self._prefix_part(prefix_kv, system_tokens)
+                     if 0 < system_tokens <= n else None)
         name, ratio = self._rule([verdict for _, verdict, _ in hits])
         selection = make_strategy(name)
         refusal = rule_refusal(backend, selection)
@@ -401,8 +413,8 @@ class Engine:
             if segment.end > end:
                 break
             if segment.start > cursor:  # the text between: computed in place
-                glue = backend.prefill_chunk(ids[cursor:segment.start])
-                parts.append(backend.reposition(glue, cursor))
+                parts += self._between(composer, ids, cursor, segment.start, misses, after,
+                                       system_kv, stored if stored is not None else [])
                 computed += range(cursor, segment.start)
             parts.append(backend.reposition(kv, segment.start))
             if not hit:
@@ -440,6 +452,31 @@ class Engine:
         outcome.prefilled_tokens = len(ids) - n - hit_tokens
         outcome.segments_reused = len(reused)
         return state, reused[0].start
+
+    def _between(self, composer: Composer, ids, start: int, end: int, misses, after, system_kv,
+                 stored: list) -> list:
+        """Placeholder KV for the text ``[start, end)`` between reused segments, which is
+        recomputed in place anyway. A new segment there is computed once, as its key says (after
+        the system message's exact KV, which the exact prefix holds), stored, and placed from
+        that, where it used to be computed alone here and again for the store after the reply;
+        the rest is computed alone."""
+        backend = self.backend
+        parts, cursor = [], start
+        for segment, p in sorted(misses, key=lambda miss: miss[0].start):
+            context = after(segment)
+            if not (start <= segment.start and segment.end <= end) or (context and
+                                                                       system_kv is None):
+                continue
+            if segment.start > cursor:
+                parts.append(backend.reposition(backend.prefill_chunk(ids[cursor:segment.start]),
+                                                cursor))
+            kv, _ = composer.chunk_kv(p, context, after_kv=system_kv if context else None)
+            parts.append(backend.reposition(kv, segment.start))
+            stored.append(p)
+            cursor = segment.end
+        if end > cursor:
+            parts.append(backend.reposition(backend.prefill_chunk(ids[cursor:end]), cursor))
+        return parts
 
     # -- the reply -----------------------------------------------------------------------
     def _generate(self, state, job: Job, forced: list[int] | None = None,
