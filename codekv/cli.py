@@ -483,7 +483,10 @@ def support(path, as_json):
         if covers:
             models = ", ".join(f"{m['name'] or 'unnamed'} (fingerprint {m['fingerprint']})"
                                for m in covers["models"])
-            wide.print(f"  covers {models}", highlight=False, markup=False)
+            languages = covers.get("languages")
+            wide.print(f"  covers {models}" + (f"; {', '.join(languages)} code"
+                                                 if languages else ""),
+                       highlight=False, markup=False)
     wide.print("Pairs not listed have no evidence: their requests fall back to full prefill. An "
                "entry licenses only the models, code languages and context lengths it covers.")
 
