@@ -475,7 +475,11 @@ def support(path, as_json):
                       *(ci(m.get("delta_nll"), m.get("delta_nll_ci"), "+.3f")
                         if not pair["problems"] else "-"
                         for m in (pair["evidence"]["measured"], held_out["measured"])))
-    wide = Console(width=max(180, console.width))  # the table needs room, even in a pipe
+    from rich.measure import Measurement
+
+    # The table needs its room whole, even in a pipe or a narrow terminal: never cut a cell.
+    needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    wide = Console(width=max(needed, console.width))
     wide.print(table)
     for pair in pairs:
         wide.print(f"{pair['pair']}: {pair['reason']}", highlight=False, markup=False)

@@ -41,7 +41,8 @@ class LlamaCppEngine(Engine):
         cells = min(budget // backend.cell_bytes, KEPT_SEQUENCES * backend.info.max_positions)
         sequences = KEPT_SEQUENCES if cells else 0
         backend.keep_sequences(sequences, cells)
-        self._free = [KEPT_FIRST + i for i in reversed(range(sequences))]  # popped: the lowest first
+        # popped: the lowest first
+        self._free = [KEPT_FIRST + i for i in reversed(range(sequences))]
         return ExactPrefixLRU(cells * backend.cell_bytes, on_drop=self._release)
 
     def _release(self, slot: Slot) -> None:
