@@ -79,6 +79,21 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
     assert path.read_text() == written
 
 
+def held_out_result(git_repo, fingerprint: str, machine: dict | None = None,
+                    resumed_tasks: int = 0):
+    """A held-out run's result as ``confirm`` reads it: ``query@0.15`` on one code-QA task
+    over the hand-checked Python files, measured on model ``fingerprint``."""
+    from types import SimpleNamespace
+
+    chunks = indexed(git_repo, HAND).chunks()
+    return SimpleNamespace(rows=[fake_row("query@0.15")], seconds=60.0, machine=machine or {},
+                           resumed_tasks=resumed_tasks,
+                           model={"family": "llama", "fingerprint": fingerprint},
+                           measures=[fake_measure("query@0.15", 0.0, 1.0, "code-qa")],
+                           tasks=[workloads.Task("code-qa", "t", "completion", chunks, "", "",
+                                                 "")])
+
+
 def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path, git_repo):
     from types import SimpleNamespace
 
@@ -89,12 +104,7 @@ def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path
     write_json(path, evidence_document([fake_row("query@0.15")]))
     config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
                         strategies=("query@0.15",))
-    chunks = indexed(git_repo, HAND).chunks()
-    result = SimpleNamespace(rows=[fake_row("query@0.15")], seconds=60.0, machine={"cpus": 2},
-                             resumed_tasks=40, model={"family": "llama", "fingerprint": "m1"},
-                             measures=[fake_measure("query@0.15", 0.0, 1.0, "code-qa")],
-                             tasks=[workloads.Task("code-qa", "t", "completion", chunks, "", "",
-                                                   "")])
+    result = held_out_result(git_repo, "m1", machine={"cpus": 2}, resumed_tasks=40)
     lines = command.confirm(path, result, config, "codekv eval --repo package:click ...")
     assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
                      "query@0.15"]
@@ -157,8 +167,6 @@ def test_the_command_reproduces_peers_and_throughput():
 def test_confirm_gate_confirms_each_engines_entry_on_its_own_model(tmp_path, git_repo):
     """One file holds a transformers entry (model m1, written last) and a llama.cpp one (g1):
     a llama.cpp held-out run on g1 confirms the llama.cpp entry and leaves the other alone."""
-    from types import SimpleNamespace
-
     from codekv.eval.harness import EvalConfig
 
     path = tmp_path / "support.json"
@@ -173,12 +181,7 @@ def test_confirm_gate_confirms_each_engines_entry_on_its_own_model(tmp_path, git
     assert read_support_document(path)["model"]["fingerprint"] == "m1"
     config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
                         strategies=("query@0.15",), backend="llama.cpp")
-    chunks = indexed(git_repo, HAND).chunks()
-    result = SimpleNamespace(rows=[fake_row("query@0.15")], seconds=60.0, machine={},
-                             resumed_tasks=0, model={"family": "llama", "fingerprint": "g1"},
-                             measures=[fake_measure("query@0.15", 0.0, 1.0, "code-qa")],
-                             tasks=[workloads.Task("code-qa", "t", "completion", chunks, "", "",
-                                                   "")])
+    result = held_out_result(git_repo, "g1")
     lines = command.confirm(path, result, config, "codekv eval --backend llama.cpp ...")
     assert lines == [f"support file {path}: llama/code-qa: confirmed on held-out tasks with "
                      "query@0.15"]
