@@ -385,7 +385,7 @@ class Engine:
         return chosen.strategy, chosen.ratio or 0.0
 
     def _compose(self, composer: Composer, ids, n, prefix_kv, hits, after, outcome: Outcome,
-                 misses=(), system_tokens: int = 0, stored: list | None = None):
+                 misses: list, system_tokens: int, stored: list):
         """The composed state and how many of its first tokens are exact. New segments between
         reused ones (``misses``) are computed once for the store and placed from that (``stored``
         lists them)."""
@@ -414,7 +414,7 @@ class Engine:
                 break
             if segment.start > cursor:  # the text between: computed in place
                 parts += self._between(composer, ids, cursor, segment.start, misses, after,
-                                       system_kv, stored if stored is not None else [])
+                                       system_kv, stored)
                 computed += range(cursor, segment.start)
             parts.append(backend.reposition(kv, segment.start))
             if not hit:
