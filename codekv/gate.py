@@ -8,8 +8,10 @@ failed one or an unconfirmed one is unsupported: the composer falls back to full
 
 An entry licenses only what was measured (``covers``): the model fingerprints it was measured
 on, the languages of its code tasks and the longest context of its tasks, on its evidence and
-on its held-out tasks alike. A request outside that is unsupported, and the reason names what
-is missing; an entry that does not say what it covers (a file written before entries did)
+on its held-out tasks alike; entries of one model at different context lengths (2K, 4K, 8K
+bands) stand side by side, and a request is judged by the one measured on the shortest contexts
+that reach its length. A request outside that is unsupported, and the reason names what is
+missing; an entry that does not say what it covers (a file written before entries did)
 licenses nothing.
 
 The file is checked against its schema when it is loaded (``entry_problems``): an entry that
@@ -184,7 +186,8 @@ class SupportGate:
             problems = self.problems[offset:offset + len(group)]
             for number, others in _duplicates(group, problems).items():
                 self.problems[offset + number].append(
-                    "it is for the same engine, model, workload and languages as entr"
+                    "it is for the same engine, model, workload, languages and context band "
+                    "as entr"
                     + ("y " if len(others) == 1 else "ies ") + ", ".join(map(str, others))
                     + ": which of them holds is unknown, so none licenses")
         self.superseded = [[] for _ in user] + [
@@ -321,7 +324,7 @@ class SupportGate:
                 continue  # the user file's entry for this model and these languages rules
             ours.append(entry)
         if ours:
-            return self._judged(_for_languages(ours, request), pair, request)
+            return self._judged(_for_request(ours, request), pair, request)
         return Verdict(False, f"unsupported: the {pair} evidence is for " + "; ".join(others)
                               + f"; this model is another {family} model (fingerprint "
                               f"{request.fingerprint[:12]}): evidence licenses the model it "
@@ -394,27 +397,62 @@ def languages_overlap(a: frozenset[str] | None, b: frozenset[str] | None) -> boo
     return a is None or b is None or bool(a & b)
 
 
-def _for_languages(entries: list[dict], request: GateRequest | None) -> dict:
-    """Of one model's entries (one per set of languages), the one for ``request``'s code: the
-    one covering most of its languages (the first where none does, so the verdict names what
-    is missing)."""
+def context_band(lengths) -> int | None:
+    """The context band of a run whose tasks' lengths were ``lengths`` (a ``covers``
+    ``context_tokens`` block): the power of two at or above its longest task (2,048, 4,096,
+    8,192 tokens); None where it does not say. Evidence at 2K and at 4K speak for different
+    requests, and the passing rule may differ between them."""
+    longest = lengths.get("max") if isinstance(lengths, dict) else None
+    if not isinstance(longest, int) or isinstance(longest, bool) or longest < 1:
+        return None
+    return 1 << (longest - 1).bit_length()
+
+
+def entry_band(entry: dict) -> int | None:
+    """The context band an entry's evidence speaks for (``context_band``)."""
+    covers = entry.get("covers")
+    return context_band(covers.get("context_tokens") if isinstance(covers, dict) else None)
+
+
+def same_requests(a: dict, b: dict) -> bool:
+    """Whether two entries for one engine, family, workload and model could both speak for one
+    request: their languages overlap and they are in one context band (an entry that does not
+    say stands for every language, or every length)."""
+    band_a, band_b = entry_band(a), entry_band(b)
+    return (languages_overlap(entry_languages(a), entry_languages(b))
+            and (band_a is None or band_b is None or band_a == band_b))
+
+
+def _for_request(entries: list[dict], request: GateRequest | None) -> dict:
+    """Of one model's entries (one per set of languages and context band), the one for
+    ``request``: the one covering most of its code's languages, and of those the one measured
+    on the shortest contexts that still reach the request's length (the longest where none
+    does, so the verdict names what is missing)."""
     if request is None or len(entries) == 1:
         return entries[0]
-    return max(entries, key=lambda e: len(request.languages & (entry_languages(e) or set())))
+    def covered(entry):
+        return len(request.languages & (entry_languages(entry) or set()))
+    most = max(map(covered, entries))
+    fitting = [entry for entry in entries if covered(entry) == most]
+    def longest(entry):
+        coverage = _coverage(entry)
+        return coverage.max_tokens if coverage is not None else 0
+    reaching = [entry for entry in fitting if longest(entry) >= request.context_tokens]
+    return min(reaching, key=longest) if reaching else max(fitting, key=longest)
 
 
 def _superseded(entry, problems: list[str], user: list, user_problems: list[list[str]]
                 ) -> list[str]:
     """The models of a (shipped) ``entry`` whose requests an entry of the user file governs
-    instead: one for the same engine, family and workload, measured on the model too, whose
-    languages overlap this entry's (a user entry for go leaves a python entry in force)."""
+    instead: one for the same engine, family and workload, measured on the model too, that
+    speaks for the same requests (a user entry for go leaves a python entry in force, one
+    measured at 2K a shipped 4K one)."""
     if problems or not isinstance(entry, dict) or entry.get("covers") is None:
         return []
-    key, languages = _pair(entry), entry_languages(entry)
+    key = _pair(entry)
     theirs = {m["fingerprint"] for other, wrong in zip(user, user_problems)
               if isinstance(other, dict) and not wrong and _pair(other) == key
-              and other.get("covers") is not None
-              and languages_overlap(entry_languages(other), languages)
+              and other.get("covers") is not None and same_requests(other, entry)
               for m in other["covers"]["models"]}
     return [m["fingerprint"] for m in entry["covers"]["models"] if m["fingerprint"] in theirs]
 
@@ -424,9 +462,10 @@ def _pair(entry: dict) -> tuple:
 
 
 def _duplicates(entries: list, problems: list[list[str]]) -> dict[int, list[int]]:
-    """Valid entries for the same engine, family, model and workload whose languages overlap,
-    each with the numbers of the others: a file holding two verdicts for one request says
-    nothing reliable. Entries for disjoint languages (python, go) are one per language."""
+    """Valid entries for the same engine, family, model and workload that could speak for one
+    request (``same_requests``), each with the numbers of the others: a file holding two
+    verdicts for one request says nothing reliable. Entries for disjoint languages (python, go)
+    or context bands (2K, 4K) are one each."""
     by_key: dict[tuple, list[int]] = {}
     for number, (entry, wrong) in enumerate(zip(entries, problems)):
         if wrong:
@@ -440,8 +479,8 @@ def _duplicates(entries: list, problems: list[list[str]]) -> dict[int, list[int]
     out: dict[int, list[int]] = {}
     for numbers in by_key.values():
         for number in numbers:
-            clashing = [n for n in numbers if n != number and languages_overlap(
-                entry_languages(entries[n]), entry_languages(entries[number]))]
+            clashing = [n for n in numbers
+                        if n != number and same_requests(entries[n], entries[number])]
             if clashing:
                 out.setdefault(number, [])
                 out[number] += [n + 1 for n in clashing if n + 1 not in out[number]]

@@ -331,8 +331,8 @@ def test_a_second_entry_for_one_engine_model_and_workload_licenses_neither():
     assert gate.problems[2] == []  # another model: not a duplicate
     for number, other in ((0, 2), (1, 1)):
         assert gate.problems[number] == [
-            f"it is for the same engine, model, workload and languages as entry {other}: which "
-            "of them holds is unknown, so none licenses"]
+            "it is for the same engine, model, workload, languages and context band as entry "
+            f"{other}: which of them holds is unknown, so none licenses"]
     verdict = gate.verdict("llama", "code-qa", request=_asked())
     assert not verdict.allowed and "is invalid: it is for the same engine" in verdict.reason
     assert gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL)).allowed
@@ -354,12 +354,41 @@ def test_entries_for_disjoint_languages_each_license_their_own():
         "llama", "code-qa", request=_asked(languages=["rust"])).reason
     overlapping = covering(CODE, SMOLLM, languages=["go", "python"], max_tokens=2048)
     assert SupportGate([CODE, go, overlapping], "t").problems == [
-        ["it is for the same engine, model, workload and languages as entry 3: which of them "
-         "holds is unknown, so none licenses"],
-        ["it is for the same engine, model, workload and languages as entry 3: which of them "
-         "holds is unknown, so none licenses"],
-        ["it is for the same engine, model, workload and languages as entries 1, 2: which of "
-         "them holds is unknown, so none licenses"]]
+        ["it is for the same engine, model, workload, languages and context band as entry 3: "
+         "which of them holds is unknown, so none licenses"],
+        ["it is for the same engine, model, workload, languages and context band as entry 3: "
+         "which of them holds is unknown, so none licenses"],
+        ["it is for the same engine, model, workload, languages and context band as entries "
+         "1, 2: which of them holds is unknown, so none licenses"]]
+
+
+def test_entries_for_different_context_bands_each_license_their_own_lengths():
+    """Evidence at 2K and at 4K: a request gets the entry measured on the shortest contexts that
+    reach its length, so each band's rule (or failure) holds for its own requests."""
+    at_4k = covering({**CODE, "strategy": "query", "ratio": 0.25}, SMOLLM, max_tokens=4090)
+    at_4k["covers"]["context_tokens"]["min"] = 1950  # its tasks overlap the 2K band's longest
+    gate = SupportGate([at_4k, CODE], "t")
+    assert gate.problems == [[], []]
+    for tokens, ratio in ((10, 0.15), (2048, 0.15), (2049, 0.25), (4090, 0.25)):
+        verdict = gate.verdict("llama", "code-qa", request=_asked(tokens=tokens))
+        assert verdict.allowed and verdict.ratio == ratio, tokens
+    assert gate.verdict("llama", "code-qa", request=_asked(tokens=5000)).reason == (
+        "unsupported: llama/code-qa: its evidence covers contexts up to 4,090 tokens; this "
+        "request has 5,000")
+    failed_4k = {**at_4k, "passed": False, "strategy": None, "ratio": None,
+                 "closest": "query@0.15", "candidates": [
+                     {"method": "query@0.15", "failures": ["delta NLL CI high 0.061 > 0.05"]}]}
+    gate = SupportGate([CODE, failed_4k], "t")
+    assert gate.verdict("llama", "code-qa", request=_asked(tokens=2000)).allowed
+    assert gate.verdict("llama", "code-qa", request=_asked(tokens=3000)).reason == (
+        "unsupported: llama/code-qa failed its evaluation (query@0.15: delta NLL CI high 0.061 "
+        "> 0.05)")
+    again_4k = covering(CODE, SMOLLM, max_tokens=3000)  # also in the 4,096 band
+    assert SupportGate([at_4k, CODE, again_4k], "t").problems == [
+        ["it is for the same engine, model, workload, languages and context band as entry 3: "
+         "which of them holds is unknown, so none licenses"], [],
+        ["it is for the same engine, model, workload, languages and context band as entry 1: "
+         "which of them holds is unknown, so none licenses"]]
 
 
 @pytest.mark.parametrize(("covers", "why"), [
@@ -570,8 +599,8 @@ def _user_file(entries) -> Path:
 
 
 def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_others():
-    theirs = _code_entry(TEST_MODEL) | {"strategy": "boundary", "ratio": 0.25,
-                                        "method": "boundary@0.25"}
+    theirs = _code_entry(TEST_MODEL, max_tokens=2048) | {"strategy": "boundary", "ratio": 0.25,
+                                                         "method": "boundary@0.25"}
     _user_file([theirs])
     gate = SupportGate.load()
     licensed = gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL))
@@ -581,8 +610,8 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
     assert not gate.verdict("llama", "code-qa", request=_asked("7" * 32)).allowed
     # a refusal in the user file refuses its model, even the default one the shipped file
     # licenses; the shipped entry is shown as superseded for it
-    failed = {**_code_entry(SMOLLM), "passed": False, "strategy": None, "ratio": None,
-              "method": None, "reason": "no strategy meets the thresholds"}
+    failed = {**_code_entry(SMOLLM, max_tokens=2048), "passed": False, "strategy": None,
+              "ratio": None, "method": None, "reason": "no strategy meets the thresholds"}
     _user_file([theirs, failed])
     gate = SupportGate.load()
     refused = gate.verdict("llama", "code-qa", request=_asked())
@@ -599,8 +628,8 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
     # shipped entry's
     assert gate.problems == [[]] * len(gate.entries)
     # a user entry for other languages of the same model leaves the shipped entry in force
-    go = _code_entry(SMOLLM, languages=["go"]) | {"strategy": "boundary", "ratio": 0.25,
-                                                  "method": "boundary@0.25"}
+    go = _code_entry(SMOLLM, languages=["go"], max_tokens=2048) | {
+        "strategy": "boundary", "ratio": 0.25, "method": "boundary@0.25"}
     _user_file([go])
     gate = SupportGate.load()
     assert gate.verdict("llama", "code-qa", request=_asked()).strategy == "query"
@@ -611,6 +640,14 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
                   for pair in gate.pairs() if not pair["user_file"]}
     assert superseded.pop(("go",)) == [SMOLLM]
     assert all(models == [] for models in superseded.values())
+    # a user entry measured at 4K governs the model's longer requests; the shipped 2K entry
+    # still speaks for the short ones
+    longer = _code_entry(SMOLLM, max_tokens=4096) | {"strategy": "boundary", "ratio": 0.25,
+                                                      "method": "boundary@0.25"}
+    _user_file([longer])
+    gate = SupportGate.load()
+    assert gate.verdict("llama", "code-qa", request=_asked(tokens=1500)).strategy == "query"
+    assert gate.verdict("llama", "code-qa", request=_asked(tokens=3000)).strategy == "boundary"
     # a named file is read alone
     assert SupportGate.load(_user_file([theirs])).source.endswith("support.json")
     assert not SupportGate.load(SHIPPED_FILE).verdict(

@@ -177,6 +177,30 @@ def test_held_out_tasks_confirm_only_the_entry_for_their_languages():
     assert go["held_out"]["covers"]["languages"] == ["go"]
 
 
+def test_a_run_at_longer_contexts_is_kept_beside_the_2k_entry_and_confirmed_alone(tmp_path):
+    """Evidence at 4K adds an entry beside the 2K one (one entry per context band); held-out
+    tasks at 4K confirm the 4K entry only."""
+    model = {"family": "llama", "fingerprint": "m1"}
+
+    def entry(longest, delta):
+        [made] = gate_entries([fake_row("query@0.15", delta=delta, workload="code-qa")], "llama",
+                              model="m1")
+        return {**made, "covers": {**COVERS["code-qa"],
+                                   "context_tokens": {"min": longest // 2 - 80, "max": longest}}}
+
+    at_2k = support_document([entry(1980, 0.01)], "codekv eval --context-tokens 2048", model, {})
+    both = support_document([entry(4070, 0.02)], "codekv eval --context-tokens 4096", model, {},
+                            at_2k)
+    assert [e["covers"]["context_tokens"]["max"] for e in both["entries"]] == [1980, 4070]
+    assert SupportGate(both["entries"], "t").problems == [[], []]
+    run_4k = HELD_OUT | {"covers": {"code-qa": {
+        **COVERS["code-qa"], "context_tokens": {"min": 1990, "max": 4081}}}}
+    assert confirm_entries(both, [fake_row("query@0.15")], "llama", run_4k) == [
+        "llama/code-qa: confirmed on held-out tasks with query@0.15"]
+    short, long = both["entries"]
+    assert "held_out" not in short and long["held_out"]["passed"] is True
+
+
 HELD_OUT = {"command": "codekv eval --repo package:click ...", "engine": "transformers",
             "repos": ["package:click"], "seed": 0, "seconds": 1.0, "machine": {},
             "covers": COVERS}

@@ -359,11 +359,10 @@ def _models(entry: dict) -> set:
 def _replaces(new: dict, old) -> bool:
     """Whether ``new`` speaks for ``old``'s requests: the same engine, family and workload,
     a model in common, and languages that overlap (a go entry leaves a python one)."""
-    from codekv.gate import entry_languages, languages_overlap
+    from codekv.gate import same_requests
 
     return (isinstance(old, dict) and _pair(new) == _pair(old)
-            and bool(_models(new) & _models(old))
-            and languages_overlap(entry_languages(new), entry_languages(old)))
+            and bool(_models(new) & _models(old)) and same_requests(new, old))
 
 
 def _pair(entry: dict) -> tuple:
@@ -372,8 +371,8 @@ def _pair(entry: dict) -> tuple:
 
 def install(path: Path, entries: list[dict]) -> None:
     """Put ``entries`` in the user support file at ``path``, replacing its entries for the
-    same requests (engine, family, workload, model and overlapping languages), keeping every
-    other; written whole (a temporary file renamed over it), owner-only."""
+    same requests (engine, family, workload, model, context band and overlapping languages),
+    keeping every other; written whole (a temporary file renamed over it), owner-only."""
     document = _user_document(path)  # as it is now, not as it was when the run started
     kept = [old for old in document["entries"]
             if not any(_replaces(new, old) for new in entries)]

@@ -28,9 +28,12 @@ from codekv.eval.methods import GATE_STRATEGIES
 from codekv.gate import (
     CODE_WORKLOAD,
     UnreadableSupportFile,
+    context_band,
+    entry_band,
     entry_languages,
     languages_overlap,
     read_support_text,
+    same_requests,
 )
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
@@ -140,25 +143,17 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
 
     Only strategies that passed the entry's evidence run are candidates, held to the entry's
     own thresholds; the cheapest that passes here too becomes the entry's rule; an entry of
-    another model than the run's (``run["covers"]``) is left alone. ``run``
-    (the command, repositories, seed, seconds, tasks resumed from a checkpoint, machine) is
+    another model or other languages than the run's (``run["covers"]``), or in another
+    context band than an entry beside it that is in the run's, is left alone. ``run`` (the
+    command, repositories, seed, seconds, tasks resumed from a checkpoint, machine) is
     recorded in the entry's ``held_out`` block, which the gate requires, with what its tasks
     covered (``run["covers"]``, by workload: ``coverage``). The caller checks
     beforehand that these tasks are not the evidence's (``codekv.eval.command``).
     """
     created = _now()
     lines = []
-    for entry in document.get("entries", []):
+    for entry in _confirmable(document, family, run):
         candidates = set(evidence_passed(entry))
-        if _pair(entry) != (run["engine"], family, entry.get("workload")) or not candidates:
-            continue
-        covered = run["covers"].get(entry["workload"]) or {}
-        if entry.get("model") not in {m["fingerprint"] for m in covered.get("models", [])}:
-            continue  # measured on another model: these rows say nothing of it
-        ran = covered.get("languages")
-        if not languages_overlap(entry_languages(entry), None if ran is None else frozenset(ran)):
-            continue  # an entry for other languages than these tasks'
-
         ours = [r for r in rows
                 if r.workload == entry["workload"] and r.method in candidates]
         if not ours:
@@ -195,6 +190,35 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
         held_out["candidates"] = _candidates(judged)
         entry["held_out"] = held_out
     return lines
+
+
+def _confirmable(document: dict, family: str, run: dict) -> list[dict]:
+    """The entries of ``document`` that ``run``'s held-out tasks can confirm: passed on their
+    evidence, for the run's engine and family, measured on its model, for its tasks'
+    languages; where a language set has entries in several context bands, the one in the
+    band of the run's tasks (a 4K run confirms the 4K entry, not the 2K one beside it)."""
+    out = []
+    for entry in document.get("entries", []):
+        if (_pair(entry) != (run["engine"], family, entry.get("workload"))
+                or not evidence_passed(entry)):
+            continue
+        covered = run["covers"].get(entry["workload"]) or {}
+        if entry.get("model") not in {m["fingerprint"] for m in covered.get("models", [])}:
+            continue  # measured on another model: these rows say nothing of it
+        ran = covered.get("languages")
+        if languages_overlap(entry_languages(entry), None if ran is None else frozenset(ran)):
+            out.append(entry)
+
+    def in_band(entry):
+        covered = run["covers"].get(entry["workload"]) or {}
+        return entry_band(entry) == context_band(covered.get("context_tokens"))
+
+    def in_band_beside(entry, other):  # for the same tasks, and in the run's band
+        return (other is not entry and other["workload"] == entry["workload"] and in_band(other)
+                and languages_overlap(entry_languages(other), entry_languages(entry)))
+
+    return [entry for entry in out
+            if in_band(entry) or not any(in_band_beside(entry, other) for other in out)]
 
 
 def coverage(measures, tasks, model: dict) -> dict[str, dict]:
@@ -243,8 +267,8 @@ def support_document(entries: list[dict], command: str, model: dict, config: dic
     again are kept with their own commands: other workloads, engines, models (each entry names
     its own) or languages (a go entry beside a python one), so they can be evaluated by
     separate runs into one file; an entry is replaced only by one for the same engine, family,
-    workload and model with overlapping languages. The top-level ``model`` and ``config`` are
-    this run's."""
+    workload and model with overlapping languages in one context band. The top-level
+    ``model`` and ``config`` are this run's."""
     created = _now()
     entries = [{**entry, "generated_by": command, "created": created} for entry in entries]
     if previous:
@@ -292,10 +316,9 @@ def _pair(entry: dict) -> tuple:
 
 def _same_request(a: dict, b: dict) -> bool:
     """Whether entries ``a`` and ``b`` would speak for the same requests: one pair, measured
-    on one model, with languages that overlap (``codekv.gate``: one entry per model and set
-    of languages)."""
-    return (_pair(a) == _pair(b) and a.get("model") == b.get("model")
-            and languages_overlap(entry_languages(a), entry_languages(b)))
+    on one model, with languages that overlap, in one context band (``codekv.gate``: one entry
+    per model, set of languages and band)."""
+    return _pair(a) == _pair(b) and a.get("model") == b.get("model") and same_requests(a, b)
 
 
 def write_json(path: str | Path, data: dict) -> None:
