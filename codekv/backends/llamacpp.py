@@ -688,14 +688,18 @@ class LlamaCppBackend:
         cuts = self._reused_batches(context, runs)
         self._place(context, self._ctx, mem)
         logits = None
-        for first, end in runs:
+        for number, (first, end) in enumerate(runs):
             cuts += [first, end]
             if first > 0:
                 L.llama_memory_seq_cp(mem, REQUEST, RUN, 0, first)
             # The run's stale cells go first: the fresh ones then fit in the same room.
             L.llama_memory_seq_rm(mem, REQUEST, first, end)
             self._unpin(first, end)
-            logits = self._decode(context_ids[first:end], first, RUN)
+            # Logits only where they are read (the last run's, without a query): any other
+            # run's would be computed and thrown away, and on Gemma 3 (262k vocabulary) the
+            # output layer reads more weights than the rest of the model.
+            wanted = "last" if not query_ids and number == len(runs) - 1 else "none"
+            logits = self._decode(context_ids[first:end], first, RUN, logits=wanted)
             L.llama_memory_seq_cp(mem, RUN, REQUEST, first, end)
             self._pin(RUN, first, end)
             L.llama_memory_seq_rm(mem, RUN, -1, -1)
