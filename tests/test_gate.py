@@ -461,8 +461,8 @@ def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
     its tasks had. Its held-out run (click, networkx) missed the edit-similarity bound, so it
     licenses nothing, and says which figure failed."""
     gate = SupportGate.load()
-    [code] = [pair for pair in gate.pairs()
-              if pair["workload"] == "code-qa" and pair["engine"] == "llama.cpp"]
+    [code] = [pair for pair in gate.pairs() if pair["workload"] == "code-qa"
+              and pair["engine"] == "llama.cpp" and pair["family"] == "llama"]
     covers = code["covers"]
     assert [m["fingerprint"] for m in covers["models"]] != [SMOLLM]
     assert covers["languages"] == ["python"]
@@ -472,6 +472,22 @@ def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
     assert not verdict.allowed and verdict.strategy is None
     assert verdict.reason == ("unsupported: llama/code-qa on llama.cpp failed on held-out tasks "
                               "(query@0.15: score drop CI high 1.14 > 1.0)")
+
+
+def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
+    """Gemma 3 270M on llama.cpp, code QA at 2K (issue 24): no rule passed, so its requests
+    fall back with the figures that failed; SmolLM2's entries are untouched."""
+    gate = SupportGate.load()
+    [gemma] = [pair for pair in gate.pairs() if pair["family"] == "gemma3"]
+    assert (gemma["engine"], gemma["workload"]) == ("llama.cpp", "code-qa")
+    assert gemma["covers"]["languages"] == ["python"]
+    assert gemma["covers"]["context_tokens"]["max"] <= 2048
+    [fingerprint] = [m["fingerprint"] for m in gemma["covers"]["models"]]
+    request = _asked(fingerprint=fingerprint, tokens=1500)
+    verdict = gate.verdict("gemma3", "code-qa", "llama.cpp", request=request)
+    assert verdict.reason == ("unsupported: gemma3/code-qa on llama.cpp failed its evaluation "
+                              "(query@0.25: score drop CI high 1.03 > 1.0; speedup 0.95x < 2.0x)")
+    assert gate.verdict("llama", "code-qa", request=_asked()).allowed
 
 
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):
