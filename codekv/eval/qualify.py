@@ -358,7 +358,8 @@ def _models(entry: dict) -> set:
 
 def _replaces(new: dict, old) -> bool:
     """Whether ``new`` speaks for ``old``'s requests: the same engine, family and workload,
-    a model in common, and languages that overlap (a go entry leaves a python one)."""
+    a model in common, languages that overlap and one context band (a go entry leaves a
+    python one, a 4K entry a 2K one)."""
     from codekv.gate import same_requests
 
     return (isinstance(old, dict) and _pair(new) == _pair(old)
