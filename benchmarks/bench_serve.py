@@ -280,6 +280,8 @@ def load_trajectories(args) -> list[rs.Trajectory]:
     if args.manifest:
         manifest = json.loads(Path(args.manifest).read_text())
         for entry in manifest["trajectories"]:
+            if args.agents and entry["agent"] not in args.agents:
+                continue
             local = Path(args.data) / entry["local"]
             if not local.exists():
                 print(f"missing {local}: see {args.manifest} for how to get it", file=sys.stderr)
@@ -317,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--manifest", help="JSON list of recorded trajectories (see "
                                            "benchmarks/data/replay_sources.json)")
+    parser.add_argument("--agents", type=lambda text: text.split(","), default=None,
+                        help="Comma-separated agents of the manifest to replay [all]")
     parser.add_argument("--data", default=".", help="Directory the manifest's 'local' paths "
                                                     "are under.")
     parser.add_argument("--generated", action="append", default=None,

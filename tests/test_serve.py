@@ -19,8 +19,9 @@ httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
 require("uvicorn", "uvicorn is not installed (the 'serve' extra)")
 
 TINY = "tiny-chat-model"
-FILE = ("def area(width, height):\n    return width * height\n\n\n"
-        "def perimeter(width, height):\n    return 2 * (width + height)\n")
+# A small class: one piece, as the index cuts it (a block is reused piece by piece).
+FILE = ("class Rectangle:\n    def area(self, width, height):\n        return width * height\n\n"
+        "    def perimeter(self, width, height):\n        return 2 * (width + height)\n")
 EDITED = FILE.replace("return width * height", "return width * height * 1.0")
 OTHER = "class Stack:\n    def push(self, item):\n        self.items.append(item)\n"
 SYSTEM = {"role": "system", "content": "You review code and answer briefly."}
@@ -67,6 +68,11 @@ def assert_accounted(report: dict, usage) -> None:
 
 def tiny_tokens(text: str) -> int:
     return len(tiny_tokenizer()(text, add_special_tokens=False)["input_ids"])
+
+
+def piece_tokens(block: str) -> int:
+    """The tokens of a one-piece code block's segment: the piece ends where its code does."""
+    return tiny_tokens(block.rstrip("\n"))
 
 
 def error_of(response) -> dict:
@@ -150,7 +156,7 @@ def test_one_file_twice_in_a_prompt(exact_server):
     assert report["status"] == "full-prefill" and report["segments"] >= 2
     composed, report, usage, _ = ask(client, messages)
     assert report["status"] == "composed" and report["segments_reused"] == 2
-    assert report["recomputed_tokens"] == 2 * tiny_tokens(twice)  # all: both copies
+    assert report["recomputed_tokens"] == 2 * piece_tokens(twice)  # all: both copies
     assert_accounted(report, usage)
     assert composed == full
 
@@ -378,7 +384,7 @@ def test_kill_9_mid_request_loses_nothing_already_stored(tiny_model_dir, tiny_su
         _, report, usage, _ = ask(again.client(), chat(OTHER, FILE, lead="After the kill."))
         assert report["status"] == "composed" and report["segments_reused"] == 1
         assert report["reused_tokens"] > 0
-        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert report["reused_tokens"] + report["recomputed_tokens"] == piece_tokens(FILE)
         assert_accounted(report, usage)
         while httpx.get(again.url + "/health").json()["busy"]:
             time.sleep(0.05)  # new segments are stored once the reply is out
@@ -412,14 +418,30 @@ def test_a_file_resent_at_a_new_position_is_reused_an_edited_one_is_not(keyed_se
     _, report, usage, status = ask(one, chat(OTHER, FILE))
     assert status == report["status"] == "composed" and report["strategy"] == "query"
     assert report["segments_reused"] == 1 and report["reused_tokens"] > 0
-    assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+    assert report["reused_tokens"] + report["recomputed_tokens"] == piece_tokens(FILE)
     assert report["exact_prefix_tokens"] > 0  # the system message and the lead, exactly
     assert_accounted(report, usage)
     # The file edited in the middle is not reused; the block after it (stored by the last
     # request) is.
     _, report, usage, _ = ask(one, chat(EDITED, OTHER, lead="Look again."))
     assert report["status"] == "composed" and report["segments_reused"] == 1
-    assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(OTHER)
+    assert report["reused_tokens"] + report["recomputed_tokens"] == piece_tokens(OTHER)
+    assert_accounted(report, usage)
+
+
+def test_a_block_is_reused_piece_by_piece_so_an_edit_costs_only_its_function(keyed_server):
+    """A fenced block is cut as the index cuts a file (one piece per function here): after
+    an edit inside one function, the other is still found in the store and reused."""
+    client = keyed_server.client(KEYS[0])
+    block = ("def extent(width, height):\n    return width * height\n\n\n"
+             "def border(width, height):\n    return 2 * (width + height)\n")
+    _, report, _, _ = ask(client, chat(block, lead="Two functions."))
+    assert report["reused_tokens"] == 0 and report["segments_stored"] == 2
+    edited = block.replace("return width * height", "return width * height * 1.0")
+    _, report, usage, _ = ask(client, chat(edited, lead="One of them edited."))
+    assert report["status"] == "composed" and report["segments_reused"] == 1
+    unchanged = block[block.index("def border"):]
+    assert report["reused_tokens"] + report["recomputed_tokens"] == piece_tokens(unchanged)
     assert_accounted(report, usage)
 
 
@@ -508,7 +530,7 @@ def test_segments_inside_the_exact_prefix_are_exact_and_stored_if_the_store_lost
             time.sleep(0.05)
         _, report, usage, status = ask(client, chat(OTHER, FILE, lead="Elsewhere now."))
         assert status == "composed" and report["segments_reused"] == 1
-        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert report["reused_tokens"] + report["recomputed_tokens"] == piece_tokens(FILE)
         assert_accounted(report, usage)
     finally:
         server.stop()
@@ -528,7 +550,7 @@ def test_two_servers_sharing_a_redis_store(tiny_model_dir, tiny_support, redis_u
             time.sleep(0.05)  # new segments are stored once the reply is out
         _, report, usage, _ = ask(second.client(KEYS[0]), chat(OTHER, FILE))
         assert report["status"] == "composed" and report["segments_reused"] == 1
-        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert report["reused_tokens"] + report["recomputed_tokens"] == piece_tokens(FILE)
         assert_accounted(report, usage)
     finally:
         first.stop()
@@ -560,7 +582,7 @@ def test_two_servers_on_a_redis_cluster_and_a_node_killed_mid_request(
         _, report, usage, _ = ask(second.client(), chat(OTHER, FILE))
         assert report["status"] == "composed" and report["segments_reused"] == 1
         assert report["reused_tokens"] > 0 and report["store_error"] is None
-        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(FILE)
+        assert report["reused_tokens"] + report["recomputed_tokens"] == piece_tokens(FILE)
         assert_accounted(report, usage)
 
         dead = cluster.node_of(f"codekv:{{{scope_tag('serve')}}}:lru")

@@ -261,7 +261,8 @@ def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_p
 
 
 SYSTEM_TEXT = "You review code and answer briefly, naming the functions you read."
-BLOCK = "def area(width, height):\n    return width * height\n\n\n" * 4
+BLOCK = "class Shapes:\n" + ("    def area(self, width, height):\n"
+                             "        return width * height\n\n") * 4  # one piece
 
 
 def chat_prompt(lead: str):
@@ -318,7 +319,7 @@ def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):
     from codekv.compose import RequestPiece
     from codekv.serve import segments as seg
 
-    spans = seg.prompt_spans(first.text, first.contents, [], frozenset())
+    spans = seg.prompt_spans(first.text, first.contents, [], frozenset(), seg.CodeSplitter())
     (block,) = [s for s in seg.token_segments(spans, offsets, ids, 8) if s.kind == "code"]
     piece = RequestPiece(ids[block.start:block.end], block.identity, block.kind, None, [], {})
     system, query = ids[:system_tokens], kept.backend.tokenize(" What does area return?")
@@ -350,9 +351,9 @@ def test_a_new_segment_between_reused_ones_is_computed_once(tiny_engine, monkeyp
     is the store's computation (after the kept system message), not a second one alone."""
     engine = tiny_engine(experimental=True, min_segment_tokens=8, strategy="all")
     backend = engine.backend
-    first, last = (f"def {name}(x):\n    return x * {n}\n" * 3
-                   for n, name in enumerate(("first", "last")))
-    new = "class Middle:\n    def get(self):\n        return self.value\n" * 2
+    first, last = (f"class {name}:\n" + f"    def scale(self, x):\n        return x * {n}\n" * 3
+                   for n, name in enumerate(("First", "Last")))  # each block one piece
+    new = "class Middle:\n" + "    def get(self):\n        return self.value\n" * 2
     served_prompt(engine, blocks_prompt(first, last))  # stores both
     computed = []
     prefill_chunk = backend.prefill_chunk
@@ -364,7 +365,9 @@ def test_a_new_segment_between_reused_ones_is_computed_once(tiny_engine, monkeyp
     monkeypatch.setattr(backend, "prefill_chunk", counted)
     prompt = blocks_prompt(first, new, last)
     outcome = served_prompt(engine, prompt)
-    # The first block is in the exact prefix, the last reused, the new one between them.
+    # The first block is in the exact prefix, the last reused, the new one between them (its
+    # first token, ``class``, is the one the last prompt had there: the exact prefix stops at
+    # its start, so it is one new segment, not split).
     assert outcome.status == "composed" and outcome.segments_reused == 1
     assert outcome.exact_prefix_tokens > 0 and outcome.segments == 2
     assert outcome.segments_stored == 1  # the new block, stored while composing

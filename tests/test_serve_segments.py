@@ -9,6 +9,7 @@ import pytest
 
 from codekv.serve.prefix import ExactPrefixLRU
 from codekv.serve.segments import (
+    CodeSplitter,
     Span,
     fence_language,
     known_code_digests,
@@ -16,6 +17,7 @@ from codekv.serve.segments import (
     token_segments,
     tool_descriptions,
 )
+from codekv.tokens import CounterSpec
 
 CODE = "def area(w, h):\n    return w * h\n"
 
@@ -41,6 +43,19 @@ def test_a_message_splits_into_its_fenced_blocks_and_the_text_between():
     assert spans_text(text, spans) == [
         ("passage", "Here is a.py:\n"), ("code", CODE), ("passage", "\nand some notes\n"),
         ("passage", "plain\n"), ("passage", "\nDone?")]
+
+
+def test_a_block_in_a_parsed_language_is_cut_as_the_index_cuts_its_file():
+    two = "def area(w, h):\n    return w * h\n\n\ndef half(x):\n    return x / 2\n"
+    content = f"```python\n{two}```\n```text\n{two}```\n"
+    spans = prompt_spans(content, [content], [], split=CodeSplitter(CounterSpec("bytes")))
+    assert spans_text(content, spans) == [
+        ("code", "def area(w, h):\n    return w * h"), ("code", "def half(x):\n    return x / 2"),
+        ("passage", "\n"), ("passage", two), ("passage", "\n")]  # no parsed language: whole
+    # by characters, not bytes: a piece after non-ASCII text starts where its code does
+    text = 'NAME = "Zoë"\n\n\ndef greet():\n    return NAME\n'
+    assert [text[a:b] for a, b in CodeSplitter(CounterSpec("bytes"))(text, "python")] == [
+        'NAME = "Zoë"', "def greet():\n    return NAME"]
 
 
 def test_messages_are_found_in_order_and_a_rewritten_one_is_skipped():

@@ -162,6 +162,7 @@ class Engine:
         self.ratio = ratio
         self.min_segment_tokens = min_segment_tokens
         self.known_code = known_code
+        self.split_code = seg.CodeSplitter()
         self.prefix = self._exact_prefix_cache(prefix_budget_bytes)
         self.reuse = reuse
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
@@ -236,7 +237,7 @@ class Engine:
                                     f"{limit} (and the reply needs room)",
                                "messages" if job.chat else "prompt", "context_length_exceeded")
         spans = seg.prompt_spans(prompt.text, prompt.contents, prompt.tool_docs,
-                                 self.known_code)
+                                 self.known_code, self.split_code)
         segments = seg.token_segments(spans, offsets, ids, self.min_segment_tokens)
         system_tokens = sum(1 for _, end in offsets if end <= prompt.system_end)
         outcome = Outcome(prompt_tokens=len(ids), queue_s=started - job.queued_at)
@@ -274,11 +275,20 @@ class Engine:
         backend = self.backend
         if self.slots is not None:
             return self.slots.prefill(scope, ids, outcome), []
+
+        def after(segment: seg.Segment) -> list[int]:
+            return ids[:system_tokens] if segment.start >= system_tokens else []
+
+        def piece(segment: seg.Segment) -> RequestPiece:
+            return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
+                                None, [], {"kind": segment.kind, "source": "serve"})
+
         n, prefix_kv = self.prefix.longest(scope, ids, len(backend.leading_ids) + 1)
         n = min(n, len(ids) - 1)  # the last token's logits are computed, never cached
+        composer = self._composer(scope)
+        n = self._before_stored_segment(composer, segments, n, len(ids), piece, after)
         if n <= len(backend.leading_ids):  # a BOS alone is no shared prefix
             n = 0
-        composer = self._composer(scope)
         candidates = [s for s in segments if s.start >= n]
         outcome.segments = len(candidates)
         refusals: dict[str, str] = {}
@@ -294,13 +304,6 @@ class Engine:
             licensed = []
         if self.reuse == EXACT_ONLY:
             refusals, licensed = {}, []
-
-        def after(segment: seg.Segment) -> list[int]:
-            return ids[:system_tokens] if segment.start >= system_tokens else []
-
-        def piece(segment: seg.Segment) -> RequestPiece:
-            return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
-                                None, [], {"kind": segment.kind, "source": "serve"})
 
         hits, pending, misses = [], [], []
         for segment, verdict in licensed:
@@ -350,6 +353,26 @@ class Engine:
         outcome.stored_tokens = sum(len(p.ids) for p in stored) + sum(
             len(p.ids) + (len(after) if kv is None else 0) for p, after, kv in pending)
         return state, pending
+
+    def _before_stored_segment(self, composer: Composer, segments: list[seg.Segment], n: int,
+                               prompt_tokens: int, piece, after) -> int:
+        """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it
+        runs into by fewer tokens than a segment's minimum, or whose KV the store holds. A
+        block that happens to begin with the tokens an earlier prompt had there (``def``,
+        ``import``, ``class``) is then reused, or computed once and stored, as a whole, not
+        split for a few exact tokens; a segment the prefix holds much of and the store lacks
+        (an edit inside it) keeps the longer exact prefix."""
+        if self.reuse != COMPOSE or self.backend.info.unsupported:
+            return n
+        for segment in segments:
+            if segment.start < n < segment.end:
+                if not (self.experimental or self._verdict(segment, prompt_tokens).allowed):
+                    return n
+                if n - segment.start < self.min_segment_tokens:
+                    return segment.start
+                key = composer.chunk_key(piece(segment), after(segment))
+                return segment.start if self.store.contains(key) else n
+        return n
 
     def _kept_part(self, scope: str, ids: list[int]):
         """The exact KV of ``ids`` as a request's first part where the exact-prefix cache

@@ -7,6 +7,11 @@ Tool descriptions the template rendered are segments of their own. A segment is 
 prompt's tokens lying wholly inside its characters (tokens that straddle an edge stay with the
 surrounding text), kept only when it has at least ``min_tokens`` of them.
 
+A fenced block in a language the index parses is cut further, into the pieces the index cuts
+a file of that language into (``CodeSplitter``): an edit inside one function then leaves the
+block's other pieces reusable, and what is composed is the kind of chunk the gate's code
+evidence was measured on.
+
 Classes (what the support gate rules on): ``code`` for a fenced block in a language the index
 parses (its tag, or a file name on the line before the fence, as aider writes it) or for text
 that is an indexed file or chunk of a served repository; ``tool-doc`` for a tool's description;
@@ -15,12 +20,17 @@ that is an indexed file or chunk of a served repository; ``tool-doc`` for a tool
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from codekv import grammars
+from codekv.chunks import DEFAULT_BUDGET, Chunker
 from codekv.grammars import LANGUAGES, language_for_path
+from codekv.tokens import CounterSpec, TokenCounter, default_counter_spec
 
 MIN_TOKENS = 32  # smaller blocks cost more to look up and place than to compute
 FENCE = re.compile(r"^(?P<fence>```+|~~~+)(?P<tag>[^\n`]*)\n(?P<body>.*?)^(?P=fence)[ \t]*$",
@@ -72,9 +82,41 @@ def fence_language(tag: str, line_before: str) -> str | None:
     return None
 
 
-def content_spans(text: str, start: int, end: int, known_code: frozenset[str]) -> list[Span]:
-    """The spans of one message's content ``text[start:end]``: its fenced blocks' bodies and
-    the runs of text between them."""
+# body, language -> the character ranges of the body's pieces
+Split = Callable[[str, str], list[tuple[int, int]]]
+
+
+class CodeSplitter:
+    """Cuts a code block into the pieces the index would cut a file of its language into
+    (``codekv.chunks.Chunker``: definitions, and the statements between them, under the chunk
+    budget), counting tokens as the index does, so the same text is cut the same way in every
+    request."""
+
+    def __init__(self, counter: CounterSpec | None = None, budget: int = DEFAULT_BUDGET):
+        self.counter = TokenCounter(counter or default_counter_spec())
+        self.budget = budget
+
+    def __call__(self, body: str, language: str) -> list[tuple[int, int]]:
+        source = body.encode()
+        self.counter.reset(source)
+        fits = functools.partial(self.counter.fits, budget=self.budget)
+        chunker = Chunker(LANGUAGES[language], self.counter.count, self.budget, fits)
+        pieces = chunker.pieces(_parser(language).parse(source).root_node, source)
+        # Pieces start and end where syntax nodes do: on character boundaries.
+        return [(len(source[:piece.start].decode()), len(source[:piece.end].decode()))
+                for piece in pieces]
+
+
+@functools.cache
+def _parser(language: str):
+    return grammars.parser(language)
+
+
+def content_spans(text: str, start: int, end: int, known_code: frozenset[str],
+                  split: Split | None = None) -> list[Span]:
+    """The spans of one message's content ``text[start:end]``: its fenced blocks' bodies (a
+    block in a parsed language cut into pieces by ``split``) and the runs of text between
+    them."""
     content = text[start:end]
     spans: list[Span] = []
     cursor = 0
@@ -83,10 +125,14 @@ def content_spans(text: str, start: int, end: int, known_code: frozenset[str]) -
             spans.append(_text_span(content, start, cursor, match.start(), known_code))
         line_before = content[:match.start()].rstrip("\n").rpartition("\n")[2]
         language = fence_language(match["tag"], line_before)
-        body = match["body"]
-        code = language is not None or _digest(body) in known_code
-        spans.append(Span(start + match.start("body"), start + match.end("body"),
-                          "code" if code else "passage", language))
+        body, base = match["body"], start + match.start("body")
+        pieces = split(body, language) if split is not None and language is not None else []
+        if pieces:
+            spans += [Span(base + first, base + last, "code", language)
+                      for first, last in pieces]
+        else:
+            code = language is not None or _digest(body) in known_code
+            spans.append(Span(base, base + len(body), "code" if code else "passage", language))
         cursor = match.end()
     if cursor < len(content):
         spans.append(_text_span(content, start, cursor, len(content), known_code))
@@ -110,9 +156,11 @@ def known_code_digests(texts) -> frozenset[str]:
 
 
 def prompt_spans(text: str, contents: list[str], tool_docs: list[str],
-                 known_code: frozenset[str] = frozenset()) -> list[Span]:
+                 known_code: frozenset[str] = frozenset(), split: Split | None = None
+                 ) -> list[Span]:
     """Every span of the rendered prompt ``text``: each message content found in order (one a
-    template rewrote is not found, and stays plain prompt), and each tool description."""
+    template rewrote is not found, and stays plain prompt), its code blocks cut by ``split``,
+    and each tool description."""
     spans: list[Span] = []
     cursor = 0
     for content in contents:
@@ -121,7 +169,7 @@ def prompt_spans(text: str, contents: list[str], tool_docs: list[str],
         at = text.find(content, cursor)
         if at < 0:
             continue
-        spans += content_spans(text, at, at + len(content), known_code)
+        spans += content_spans(text, at, at + len(content), known_code, split)
         cursor = at + len(content)
     for doc in tool_docs:
         at = text.find(doc)
