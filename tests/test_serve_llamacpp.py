@@ -386,3 +386,30 @@ def test_a_new_segment_between_reused_ones_is_computed_once(tiny_engine, monkeyp
     # Stored: the new block first, after another, is reused, and nothing is stored again.
     again = served_prompt(engine, blocks_prompt(last, new))
     assert again.segments_reused == again.segments >= 1 and again.segments_stored == 0
+
+
+def test_the_query_probe_reads_only_the_prompt_s_last_tokens(tiny_engine, monkeypatch):
+    """After the last reused segment an agent's prompt goes on for thousands of tokens; the
+    query rule's probe reads the attention of its last ``PROBE_TOKENS`` only (the evidence's
+    longest question), the request still computes all of them."""
+    from codekv.serve.engine import PROBE_TOKENS
+
+    engine = tiny_engine(experimental=True, min_segment_tokens=8, strategy="query")
+    backend = engine.backend
+    block = "class Reused:\n" + "    def scale(self, x):\n        return x * 2\n" * 3
+    served_prompt(engine, blocks_prompt(block))  # stores it
+    probed = []
+    query_relevance = backend.query_relevance
+
+    def recorded(context, query_ids, layers):
+        probed.append(len(query_ids))
+        return query_relevance(context, query_ids, layers)
+
+    monkeypatch.setattr(backend, "query_relevance", recorded)
+    notes = "# a note about the code above\n" * 40
+    prompt = blocks_prompt("LIMIT = 10\n" * 4, block, notes)  # the block at a new position
+    outcome = served_prompt(engine, prompt)
+    assert outcome.status == "composed" and outcome.segments_reused == 1
+    ids, _ = backend.tokenize_prompt(prompt.text)
+    assert outcome.prefilled_tokens > PROBE_TOKENS and outcome.prompt_tokens == len(ids)
+    assert probed == [PROBE_TOKENS]

@@ -60,6 +60,12 @@ from codekv.serve.shift import ShiftSlots
 
 log = logging.getLogger("codekv.serve")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The query-aware rules' probe reads the attention of at most this many of the prompt's last
+# tokens: the longest question the evidence's tasks had (``EvalConfig.max_query_tokens``). The
+# rest of an agent's prompt after its last reused segment can be thousands of tokens, and the
+# probe materialises the attention of every row it reads. The tail is read right after the
+# reused context, as the evidence's questions were; the request itself is computed in place.
+PROBE_TOKENS = 256
 
 
 class RequestError(Exception):
@@ -451,7 +457,8 @@ class Engine:
         def relevance() -> torch.Tensor:
             if not relevance_cache:
                 layers = query_probe_layers(backend.info.n_layers)
-                relevance_cache.append(backend.query_relevance(context, query_ids, layers))
+                relevance_cache.append(backend.query_relevance(context, query_ids[-PROBE_TOKENS:],
+                                                               layers))
             return relevance_cache[0]
 
         def deviation() -> torch.Tensor:
