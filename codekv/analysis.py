@@ -104,14 +104,7 @@ class Analyzer:
             return BlobAnalysis(
                 blob_hash, language, self.chunker, chunks, decode_errors=decode_errors
             )
-        spec = grammars.LANGUAGES[language]
-        parser = self._parsers.get(language) or self._parsers.setdefault(
-            language, grammars.parser(language)
-        )
-        tree = parser.parse(source)
-        fits = functools.partial(self.counter.fits, budget=self.budget)
-        chunker = Chunker(spec, self.counter.count, self.budget, fits)
-        pieces = chunker.pieces(tree.root_node, source)
+        tree, chunker, pieces = self.cut(language, source)
         chunks = self._chunks(blob_hash, language, source, pieces)
         lines = _LineNumbers(source)
         outline = [
@@ -130,6 +123,18 @@ class Analyzer:
         )
         _extract(analysis, grammars.query(language), tree.root_node, source)
         return analysis
+
+    def cut(self, language: str, source: bytes):
+        """``source`` parsed as ``language`` (a parsed one), and cut into pieces under the
+        budget: (its syntax tree, the chunker, which then holds its outline, the pieces)."""
+        self.counter.reset(source)
+        parser = self._parsers.get(language) or self._parsers.setdefault(
+            language, grammars.parser(language)
+        )
+        tree = parser.parse(source)
+        fits = functools.partial(self.counter.fits, budget=self.budget)
+        chunker = Chunker(grammars.LANGUAGES[language], self.counter.count, self.budget, fits)
+        return tree, chunker, chunker.pieces(tree.root_node, source)
 
     def _chunks(self, blob_hash, language, source, pieces) -> list[Chunk]:
         lines = _LineNumbers(source)

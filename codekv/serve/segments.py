@@ -20,17 +20,16 @@ that is an indexed file or chunk of a served repository; ``tool-doc`` for a tool
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from codekv import grammars
-from codekv.chunks import DEFAULT_BUDGET, Chunker
+from codekv.analysis import Analyzer
+from codekv.chunks import DEFAULT_BUDGET
 from codekv.grammars import LANGUAGES, language_for_path
-from codekv.tokens import CounterSpec, TokenCounter, default_counter_spec
+from codekv.tokens import CounterSpec, default_counter_spec
 
 MIN_TOKENS = 32  # smaller blocks cost more to look up and place than to compute
 FENCE = re.compile(r"^(?P<fence>```+|~~~+)(?P<tag>[^\n`]*)\n(?P<body>.*?)^(?P=fence)[ \t]*$",
@@ -88,28 +87,19 @@ Split = Callable[[str, str], list[tuple[int, int]]]
 
 class CodeSplitter:
     """Cuts a code block into the pieces the index would cut a file of its language into
-    (``codekv.chunks.Chunker``: definitions, and the statements between them, under the chunk
-    budget), counting tokens as the index does, so the same text is cut the same way in every
+    (``Analyzer.cut``: definitions, and the statements between them, under the chunk budget),
+    counting tokens as the index does, so the same text is cut the same way in every
     request."""
 
     def __init__(self, counter: CounterSpec | None = None, budget: int = DEFAULT_BUDGET):
-        self.counter = TokenCounter(counter or default_counter_spec())
-        self.budget = budget
+        self.analyzer = Analyzer(counter or default_counter_spec(), budget)
 
     def __call__(self, body: str, language: str) -> list[tuple[int, int]]:
         source = body.encode()
-        self.counter.reset(source)
-        fits = functools.partial(self.counter.fits, budget=self.budget)
-        chunker = Chunker(LANGUAGES[language], self.counter.count, self.budget, fits)
-        pieces = chunker.pieces(_parser(language).parse(source).root_node, source)
+        _, _, pieces = self.analyzer.cut(language, source)
         # Pieces start and end where syntax nodes do: on character boundaries.
         return [(len(source[:piece.start].decode()), len(source[:piece.end].decode()))
                 for piece in pieces]
-
-
-@functools.cache
-def _parser(language: str):
-    return grammars.parser(language)
 
 
 def content_spans(text: str, start: int, end: int, known_code: frozenset[str],
