@@ -281,20 +281,12 @@ class Engine:
         backend = self.backend
         if self.slots is not None:
             return self.slots.prefill(scope, ids, outcome), []
-
-        def after(segment: seg.Segment) -> list[int]:
-            return ids[:system_tokens] if segment.start >= system_tokens else []
-
-        def piece(segment: seg.Segment) -> RequestPiece:
-            return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
-                                None, [], {"kind": segment.kind, "source": "serve"})
-
         n, prefix_kv = self.prefix.longest(scope, ids, len(backend.leading_ids) + 1)
         n = min(n, len(ids) - 1)  # the last token's logits are computed, never cached
-        composer = self._composer(scope)
         n = self._before_segment(segments, n, len(ids))
         if n <= len(backend.leading_ids):  # a BOS alone is no shared prefix
             n = 0
+        composer = self._composer(scope)
         candidates = [s for s in segments if s.start >= n]
         outcome.segments = len(candidates)
         refusals: dict[str, str] = {}
@@ -310,6 +302,13 @@ class Engine:
             licensed = []
         if self.reuse == EXACT_ONLY:
             refusals, licensed = {}, []
+
+        def after(segment: seg.Segment) -> list[int]:
+            return ids[:system_tokens] if segment.start >= system_tokens else []
+
+        def piece(segment: seg.Segment) -> RequestPiece:
+            return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
+                                None, [], {"kind": segment.kind, "source": "serve"})
 
         hits, pending, misses = [], [], []
         for segment, verdict in licensed:
