@@ -500,6 +500,14 @@ class HFBackend:
         return ChunkKV([k[:, :n_tokens] for k in kv.keys], [v[:, :n_tokens] for v in kv.values],
                        kv.start)
 
+    def span(self, kv: ChunkKV, start: int, end: int) -> ChunkKV:
+        """Tokens ``[start, end)`` of ``kv`` (counted from its first), at their positions
+        (views, as ``head``)."""
+        if not 0 <= start < end <= kv.n_tokens:
+            raise ValueError(f"tokens {start}..{end} of chunk KV of {kv.n_tokens}")
+        return ChunkKV([k[:, start:end] for k in kv.keys], [v[:, start:end] for v in kv.values],
+                       kv.start + start)
+
     @torch.inference_mode()
     def generate(self, state: HFRequest, max_new_tokens: int) -> list[int]:
         """Greedy continuation up to an end token (``end_token_ids``); the state is left as it

@@ -5,11 +5,12 @@ three parts, each counted apart:
 
 1. the exact prefix: the longest common token prefix with a recent prompt of the same scope
    (``codekv.serve.prefix``), its KV used as it is;
-2. after it, up to the last segment found in the chunk store: segments whose class the gate
-   licenses (or every class with ``experimental``) and whose KV the store holds are composed
-   (re-positioned, a share of their tokens recomputed by the rule); every other token there
-   (message headers, new or unlicensed segments) is computed in place, against the whole
-   context, exactly as a full prefill would;
+2. after it, up to the last segment reused: segments whose class the gate licenses (or every
+   class with ``experimental``) and whose KV the scope's last prompt (``codekv.serve.recent``,
+   in place there) or else the chunk store (computed alone) holds are composed (re-positioned,
+   a share of their tokens recomputed by the rule); every other token there (message headers,
+   new or unlicensed segments) is computed in place, against the whole context, exactly as a
+   full prefill would;
 3. the rest is prefilled after it.
 
 New segments of a licensed class are stored for next time (computed after what their key says)
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from codekv.backends import rule_refusal
+from codekv.backends.engines import TRANSFORMERS
 from codekv.compose import (
     AUTO,
     COMPOSED,
@@ -56,6 +58,7 @@ from codekv.selection import strategy as make_strategy
 from codekv.serve import COMPOSE, EXACT_ONLY, REUSE_MODES, SHIFT_ONLY
 from codekv.serve import segments as seg
 from codekv.serve.prefix import ExactPrefixLRU
+from codekv.serve.recent import RecentPrompts
 from codekv.serve.shift import ShiftSlots
 
 log = logging.getLogger("codekv.serve")
@@ -105,7 +108,7 @@ class Outcome:
     status: str = FULL_PREFILL
     prompt_tokens: int = 0
     exact_prefix_tokens: int = 0
-    reused_tokens: int = 0  # served from the chunk store and not recomputed
+    reused_tokens: int = 0  # served from the chunk store or the last prompt, not recomputed
     recomputed_tokens: int = 0  # reused segments' tokens the rule recomputed
     prefilled_tokens: int = 0  # computed fresh: never reused
     strategy: str | None = None
@@ -115,6 +118,7 @@ class Outcome:
     queue_s: float = 0.0
     segments: int = 0  # reusable segments found after the exact prefix
     segments_reused: int = 0
+    segments_from_last_prompt: int = 0  # of those, taken from the scope's last prompt
     segments_stored: int = 0
     stored_tokens: int = 0  # tokens run to store them: each after what its key says
     store_error: str | None = None
@@ -173,6 +177,8 @@ class Engine:
         self.reuse = reuse
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
                       if reuse == SHIFT_ONLY else None)
+        self.recent = (RecentPrompts(backend, self.prefix.budget_bytes)
+                       if reuse == COMPOSE and backend.info.engine == TRANSFORMERS else None)
         self._composers: dict[str, Composer] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.busy = False
@@ -259,6 +265,9 @@ class Engine:
         composer = self._composer(job.scope)
         for piece, after, after_kv in pending:  # for next time, once the reply is out
             composer.chunk_kv(piece, after, after_kv=after_kv)
+        if self.recent is not None and not backend.info.unsupported:
+            self.recent.remember(job.scope, ids, [(s.start, s.end) for s in segments],
+                                 backend.state_kv(state, len(ids)))
 
     def _composer(self, scope: str) -> Composer:
         if scope not in self._composers:
@@ -313,11 +322,14 @@ class Engine:
         hits, pending, misses = [], [], []
         for segment, verdict in licensed:
             p = piece(segment)
-            if self.store.contains(composer.chunk_key(p, after(segment))):
-                hits.append((segment, verdict, p))
-            else:
+            earlier = self.recent.find(scope, p.ids) if self.recent is not None else None
+            in_store = self.store.contains(composer.chunk_key(p, after(segment)))
+            if earlier is not None or in_store:
+                hits.append((segment, verdict, p, earlier))
+            if not in_store:  # for other scopes' prompts, and this one's beyond its last
                 pending.append((p, after(segment)))
-                misses.append((segment, p))
+                if earlier is None:
+                    misses.append((segment, p))
         if not backend.info.unsupported and self.reuse == COMPOSE:
             pending += self._lost_in_prefix(composer, segments, n, len(ids), piece, after)
         if licensed and self.store.error:  # its lookups failed: every segment was a miss
@@ -335,7 +347,7 @@ class Engine:
         if state is None:
             outcome.strategy = outcome.ratio = None
             outcome.reused_tokens = outcome.recomputed_tokens = 0
-            outcome.segments_reused = 0
+            outcome.segments_reused = outcome.segments_from_last_prompt = 0
             if n:
                 context = backend.concat([self._prefix_part(prefix_kv, n)])
                 state = backend.recompute(ids[:n], context, [], ids[n:])
@@ -417,16 +429,18 @@ class Engine:
         backend = self.backend
         system_kv = (self._prefix_part(prefix_kv, system_tokens)
                      if 0 < system_tokens <= n else None)
-        name, ratio = self._rule([verdict for _, verdict, _ in hits])
+        name, ratio = self._rule([verdict for _, verdict, _, _ in hits])
         selection = make_strategy(name)
         refusal = rule_refusal(backend, selection)
         if refusal:
             raise RuntimeError(f"strategy {name}: {refusal}")
         reused, kvs = [], []
-        for segment, _, p in hits:
-            kv, hit = composer.chunk_kv(p, after(segment))
+        for segment, _, p, earlier in hits:
+            kv, hit = (earlier, True) if earlier is not None else composer.chunk_kv(
+                p, after(segment))
             if hit:
                 reused.append(segment)
+                outcome.segments_from_last_prompt += earlier is not None
             kvs.append((segment, kv, hit))
         if not reused:
             raise RuntimeError("the stored segments could not be read")

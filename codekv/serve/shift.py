@@ -64,7 +64,7 @@ class ShiftSlots:
     """One slot per scope, least recently used out first beyond ``budget_bytes``."""
 
     def __init__(self, backend, min_run: int, budget_bytes: int):
-        # Slicing a span out of a slot's KV reads the transformers engine's chunk KV layout.
+        # Only the transformers engine takes a span out of a kept KV (``HFBackend.span``).
         if backend.info.engine != TRANSFORMERS:
             raise ValueError(f"shift-only reuse runs on the transformers engine, not "
                              f"{backend.info.engine}")
@@ -93,7 +93,7 @@ class ShiftSlots:
         else:
             parts = [backend.head(slot.kv, n)] if n else []
             for c, p, length in runs:
-                parts.append(backend.reposition(_span(slot.kv, c, c + length), p))
+                parts.append(backend.reposition(backend.span(slot.kv, c, c + length), p))
             state = backend.recompute(ids[:end], backend.concat(parts), [], ids[end:])
         shifted = sum(length for _, _, length in runs)
         outcome.exact_prefix_tokens = exact
@@ -112,8 +112,3 @@ class ShiftSlots:
             self.slots.popitem(last=False)
         return state
 
-
-def _span(kv, start: int, end: int):
-    """Tokens [start, end) of a transformers chunk KV, at their positions."""
-    return type(kv)([k[:, start:end] for k in kv.keys], [v[:, start:end] for v in kv.values],
-                    kv.start + start)

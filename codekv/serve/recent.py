@@ -1,0 +1,67 @@
+"""The scope's last prompt, kept whole for its segments: where a coding agent re-sends a file,
+it most often sent it in its last call too, among the same neighbours, around a new turn.
+
+A segment stored in the chunk store was computed alone (after the system message at most), so
+its KV lacks everything the prompt had before it. The same segment in the scope's last prompt
+was computed there in place (or recomputed, or reused from the call before), against the files
+and turns around it; when the new prompt moves it (aider writes the new turn before the files it
+re-sends), only what changed before it is missing from its KV. So a segment found in the last
+prompt is taken from there, re-positioned, and the rule recomputes its share as for any reused
+segment: composed, never exact. One prompt per scope (as one llama-server slot per client),
+least recently used out first beyond the byte budget. Segments are found by their tokens:
+the last prompt's segments as that request cut them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from codekv.backends.engines import TRANSFORMERS
+
+
+@dataclass
+class LastPrompt:
+    kv: Any  # the backend's chunk KV of the whole prompt, from position 0
+    starts: dict[bytes, int]  # a segment's tokens -> where it starts in the prompt
+    nbytes: int
+
+
+class RecentPrompts:
+    def __init__(self, backend, budget_bytes: int):
+        # Only the transformers engine takes a span out of a kept KV (``HFBackend.span``).
+        if backend.info.engine != TRANSFORMERS:
+            raise ValueError(f"reuse from the last prompt runs on the transformers engine, not "
+                             f"{backend.info.engine}")
+        self.backend = backend
+        self.budget_bytes = budget_bytes
+        self.prompts: OrderedDict[str, LastPrompt] = OrderedDict()
+
+    def find(self, scope: str, token_ids: list[int]) -> Any:
+        """The KV of ``token_ids`` where the scope's last prompt had them as a segment (at the
+        positions they had there), or None."""
+        last = self.prompts.get(scope)
+        if last is None:
+            return None
+        start = last.starts.get(_key(token_ids))
+        return None if start is None else self.backend.span(last.kv, start,
+                                                            start + len(token_ids))
+
+    def remember(self, scope: str, ids: list[int], spans: list[tuple[int, int]],
+                 kv: Any) -> None:
+        """``kv`` (of all of ``ids``) as the scope's last prompt, its segments at ``spans``."""
+        self.prompts.pop(scope, None)
+        nbytes = kv.nbytes()
+        if nbytes > self.budget_bytes:
+            return
+        starts = {_key(ids[start:end]): start for start, end in spans}
+        self.prompts[scope] = LastPrompt(kv, starts, nbytes)
+        while sum(p.nbytes for p in self.prompts.values()) > self.budget_bytes:
+            self.prompts.popitem(last=False)
+
+
+def _key(token_ids: list[int]) -> bytes:
+    return np.asarray(token_ids, dtype=np.int64).tobytes()

@@ -1,0 +1,125 @@
+"""Segments taken from the scope's last prompt (``codekv.serve.recent``), in process on a tiny
+random-weight Llama: the KV reused is the one the last prompt computed in place, and with every
+token recomputed the reply is full prefill's."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+SYSTEM = "You answer questions about the notes below.\n\n"
+NOTE = "The quick brown fox jumps over the lazy dog near the river bank, twice a day.\n\n"
+FILE = "def area(width, height):\n    return width * height  # the surface, in square units\n\n"
+TURN = "Earlier you said the fox was red; the dog did not move at all that morning.\n\n"
+QUESTION = "What does area return?"
+REPLY = " width times height"
+
+
+def prompt(*parts: str):
+    """The parts as one prompt, each a message's content but the last (the question, which
+    is never reused)."""
+    from codekv.serve.engine import Prompt
+
+    return Prompt("".join(parts), list(parts[:-1]))
+
+
+def served(engine, scope: str, parts: tuple[str, ...], continuation: str = REPLY):
+    """The outcome of ``parts`` as a completion on ``engine``, the continuation forced and
+    scored."""
+    from codekv.serve.engine import Job, Sampling
+
+    events, done = [], threading.Event()
+
+    def emit(event):
+        events.append(event)
+        if event[0] in ("done", "error"):
+            done.set()
+
+    engine.submit(Job(scope, lambda: prompt(*parts), Sampling(max_tokens=64, temperature=0),
+                      emit, chat=False, continuation=continuation))
+    assert done.wait(60)
+    assert events[-1][0] == "done", events[-1]
+    while engine.busy:  # the last prompt is kept once the reply is out
+        threading.Event().wait(0.01)
+    outcome = events[0][1]
+    parts_ = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
+    assert sum(getattr(outcome, p) for p in parts_) == outcome.prompt_tokens
+    return outcome
+
+
+@pytest.fixture
+def engine_of(tiny_backend, tmp_path):
+    from codekv.gate import SupportGate
+    from codekv.serve.engine import Engine
+    from codekv.stores.local import LocalKVStore
+
+    made = []
+
+    def make(**options):
+        engine = Engine(tiny_backend(), LocalKVStore(tmp_path / f"kv{len(made)}"),
+                        SupportGate([], "no evidence"), experimental=True,
+                        min_segment_tokens=8, **options)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def token_span(backend, parts: tuple[str, ...], index: int) -> tuple[int, int]:
+    """Where part ``index`` lies in the prompt's tokens (parts end on token boundaries)."""
+    before = backend.tokenize_prompt("".join(parts[:index]))[0]
+    through = backend.tokenize_prompt("".join(parts[:index + 1]))[0]
+    assert through[:len(before)] == before
+    return len(before), len(through)
+
+
+def test_a_segment_moved_by_a_new_turn_is_taken_from_the_last_prompt_as_computed_there(
+        engine_of):
+    engine = engine_of(strategy="none")
+    backend = engine.backend
+    first = (SYSTEM, NOTE, FILE, QUESTION)
+    outcome = served(engine, "agent", first)
+    assert outcome.status == "full-prefill"
+    second = (SYSTEM, TURN, NOTE, FILE, QUESTION)  # a turn written before what it re-sends
+    outcome = served(engine, "agent", second)
+    assert outcome.status == "composed" and outcome.strategy == "none"
+    assert outcome.segments_reused == outcome.segments_from_last_prompt == 2
+    assert outcome.recomputed_tokens == 0
+    # The file's KV is the first prompt's, as its full prefill computed it there (after the
+    # note), rotated to where the file is now: not the chunk store's (computed alone).
+    old, new = token_span(backend, first, 2), token_span(backend, second, 3)
+    ids = backend.tokenize_prompt("".join(first))[0]
+    in_place = backend.reposition(backend.span(backend.state_kv(backend.full_prefill(ids),
+                                                                len(ids)), *old), new[0])
+    kept = backend.span(engine.recent.prompts["agent"].kv, *new)
+    for want, got in zip(in_place.keys + in_place.values, kept.keys + kept.values, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    alone = backend.reposition(backend.prefill_chunk(backend.tokenize(FILE)), new[0])
+    assert not torch.allclose(kept.values[-1], alone.values[-1], atol=1e-3)
+    # Another scope's prompt is never read: the same prompt there is a full prefill.
+    assert served(engine, "other", second).segments_from_last_prompt == 0
+
+
+def test_with_every_token_recomputed_the_reply_scores_as_full_prefill(engine_of):
+    composed, exact = engine_of(strategy="all"), engine_of(reuse="exact-only")
+    first, second = (SYSTEM, NOTE, FILE, QUESTION), (SYSTEM, TURN, FILE, NOTE, QUESTION)
+    served(composed, "agent", first)
+    outcome = served(composed, "agent", second)
+    assert outcome.status == "composed" and outcome.segments_from_last_prompt == 2
+    reference = served(exact, "agent", second)
+    assert reference.status == "full-prefill"
+    assert outcome.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
+
+
+def test_only_the_last_prompt_is_kept_and_within_the_budget(engine_of):
+    engine = engine_of(strategy="none")
+    served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
+    served(engine, "agent", (SYSTEM, TURN, QUESTION))  # the file not sent this time
+    assert served(engine, "agent", (SYSTEM, FILE, QUESTION)).segments_from_last_prompt == 0
+    none_kept = engine_of(strategy="none", prefix_budget_bytes=0)
+    served(none_kept, "agent", (SYSTEM, NOTE, FILE, QUESTION))
+    assert not none_kept.recent.prompts
