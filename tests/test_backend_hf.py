@@ -150,6 +150,28 @@ def test_partial_recompute_over_exact_kv_is_exact(tiny_backend, family, block_ro
     assert_same_state(backend.recompute(ids, context, [7, 20], []), exact)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_placeholders_for_recomputed_positions_are_never_read(tiny_backend, family):
+    """Positions the request recomputes may hold zeros (``placeholder``) instead of KV
+    computed alone: each layer writes their fresh KV before any row reads them."""
+    backend = tiny_backend(family)
+    ids, query = token_ids(50, 10), token_ids(5, 11)
+    exact = backend.full_prefill(ids)
+    whole = ChunkKV([layer.keys[0] for layer in exact.cache.layers],
+                    [layer.values[0] for layer in exact.cache.layers])
+    blank = backend.placeholder(ids[12:30], 12)
+    assert blank.start == 12 and blank.n_tokens == 18
+    assert all(not k.any() for k in blank.keys + blank.values)
+    context = backend.concat([backend.head(whole, 12), blank,
+                              ChunkKV([k[:, 30:] for k in whole.keys],
+                                      [v[:, 30:] for v in whole.values], 30)])
+    full = backend.full_prefill(ids + query)
+    for selected in (list(range(12, 30)), [3, *range(12, 30), 41]):
+        assert_same_state(backend.recompute(ids, context, selected, query), full)
+    # Not selected, a placeholder is read, and the state is wrong: the check can fail.
+    assert max_diff(backend.recompute(ids, context, [], query).logits, full.logits) > TOL
+
+
 def test_a_sliding_layer_sees_only_its_window_of_reused_kv(tiny_backend):
     """Past a window, reused KV no longer reaches a sliding layer: garbage there leaves the
     result exact, garbage one position later (inside the window) does not."""

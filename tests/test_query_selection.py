@@ -47,6 +47,21 @@ def test_relevance_is_the_models_own_attention(tiny_backend, family, layers):
     assert len(backend.model.base_model.layers) == n_layers  # restored
 
 
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_the_probe_does_not_see_hidden_positions(tiny_backend, family):
+    """Placeholders (``hidden``) take no attention and change nothing the query sees."""
+    backend = tiny_backend(family)
+    ids, context = composed_context(backend, [token_ids(30, 1), token_ids(25, 2)])
+    query, hidden, layers = token_ids(6, 9), list(range(10, 22)), (0, 1)
+    seen = backend.query_relevance(context, query, layers, hidden)
+    assert not seen[hidden].any() and seen.sum() > 0
+    blank = backend.placeholder(ids[10:22], 10)
+    zeroed = backend.concat([backend.head(context, 10), blank, backend.span(context, 22, 55)])
+    assert torch.allclose(backend.query_relevance(zeroed, query, layers, hidden), seen,
+                          atol=1e-6)
+    assert not torch.allclose(backend.query_relevance(context, query, layers), seen, atol=1e-3)
+
+
 def test_relevance_refuses_bad_input(tiny_backend):
     backend = tiny_backend("llama")
     _, context = composed_context(backend, [token_ids(10, 1)])

@@ -401,9 +401,9 @@ def test_the_query_probe_reads_only_the_prompt_s_last_tokens(tiny_engine, monkey
     probed = []
     query_relevance = backend.query_relevance
 
-    def recorded(context, query_ids, layers):
+    def recorded(context, query_ids, layers, hidden=()):
         probed.append(len(query_ids))
-        return query_relevance(context, query_ids, layers)
+        return query_relevance(context, query_ids, layers, hidden)
 
     monkeypatch.setattr(backend, "query_relevance", recorded)
     notes = "# a note about the code above\n" * 40

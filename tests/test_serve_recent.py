@@ -123,3 +123,30 @@ def test_only_the_last_prompt_is_kept_and_within_the_budget(engine_of):
     none_kept = engine_of(strategy="none", prefix_budget_bytes=0)
     served(none_kept, "agent", (SYSTEM, NOTE, FILE, QUESTION))
     assert not none_kept.recent.prompts
+
+
+def test_text_between_reused_segments_is_computed_once_in_place(engine_of, monkeypatch):
+    """A few tokens between two reused segments are computed in place against the whole
+    context, and nowhere before (on transformers their placeholder is zeros, never read)."""
+    composed, exact = engine_of(strategy="all"), engine_of(reuse="exact-only")
+    backend = composed.backend
+    served(composed, "agent", (SYSTEM, FILE, NOTE, QUESTION))
+    between = "See:\n"
+    second = (SYSTEM, NOTE, between, FILE, QUESTION)
+    alone = []
+    prefill_chunk = backend.prefill_chunk
+
+    def counted(token_ids, *args, **kwargs):
+        alone.append(list(token_ids))
+        return prefill_chunk(token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "prefill_chunk", counted)
+    outcome = served(composed, "agent", second)
+    assert outcome.status == "composed" and outcome.segments_from_last_prompt == 2
+    start, end = token_span(backend, second, 2)
+    assert end > start and outcome.prefilled_tokens >= end - start
+    ids = backend.tokenize_prompt("".join(second))[0]
+    assert not any(ids[start:end] == run[i:i + end - start] for run in alone
+                   for i in range(len(run)))
+    reference = served(exact, "agent", second)
+    assert outcome.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)

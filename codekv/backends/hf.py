@@ -284,13 +284,29 @@ class HFBackend:
         return KVEntry([k.contiguous() for k in kv.keys], [v.contiguous() for v in kv.values],
                        provenance)
 
-    def from_entry(self, entry: KVEntry, start: int) -> ChunkKV:
-        """The stored KV on the model's device; raises ``BadEntry`` unless it has this model's
-        layers, KV heads, head size and dtype (the store checked it is one finite layout)."""
+    @property
+    def _kv_layout(self) -> tuple[int, int]:
+        """(KV heads, head size) of every layer's keys and values."""
         text_config = self.config.get_text_config()
         heads = text_config.num_attention_heads
         kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+        return kv_heads, getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+
+    def placeholder(self, token_ids: list[int], start: int) -> ChunkKV:
+        """KV standing at ``start``.. for context tokens the request recomputes in place (in
+        ``recompute``'s ``selected``): zeros, which nothing reads - each layer writes a
+        selected position's fresh KV before any row attends to it - so computing the tokens
+        first (alone) would be work thrown away. ``query_relevance`` must be told to hide them."""
+        kv_heads, head_dim = self._kv_layout
+        shape = (kv_heads, len(token_ids), head_dim)
+        zeros = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                 for _ in range(self.info.n_layers)]
+        return ChunkKV(zeros, [z.clone() for z in zeros], start)
+
+    def from_entry(self, entry: KVEntry, start: int) -> ChunkKV:
+        """The stored KV on the model's device; raises ``BadEntry`` unless it has this model's
+        layers, KV heads, head size and dtype (the store checked it is one finite layout)."""
+        kv_heads, head_dim = self._kv_layout
         first = entry.keys[0] if entry.keys else None
         if (len(entry.keys) != self.info.n_layers or first.dtype != self.dtype
                 or first.shape[0] != kv_heads or first.shape[2] != head_dim
@@ -322,14 +338,15 @@ class HFBackend:
 
     @torch.inference_mode()
     def query_relevance(self, context: ChunkKV, query_ids: list[int],
-                        layers: tuple[int, ...]) -> torch.Tensor:
+                        layers: tuple[int, ...], hidden: list[int] = ()) -> torch.Tensor:
         """Per context position, the attention the query pays it over the reused context.
 
         The query runs once through the first ``max(layers) + 1`` layers against the reused,
         re-positioned KV (what ``none`` would see); at each probe layer the attention of every
         query row and head over the context is taken, and the mean over rows, heads and probe
         layers is returned (ProphetKV / QCFuse-style query-aware selection). Costs a forward of
-        the query tokens alone through those layers; ``context`` is not modified.
+        the query tokens alone through those layers; ``context`` is not modified. ``hidden``
+        context positions hold placeholders (``placeholder``): the query does not see them.
         """
         n, q = context.n_tokens, len(query_ids)
         if not q:
@@ -338,7 +355,7 @@ class HFBackend:
         if not 0 <= min(layers) <= last < len(context.keys):
             raise ValueError(f"probe layers {layers} outside 0..{len(context.keys) - 1}")
         pos = torch.arange(n, n + q, device=self.device)
-        mask = self._mask(pos, n + q)
+        mask = self._mask(pos, n + q, hidden)
         cache = _full_cache()
         cache.layers = [_SlotLayer(_with_room(key, n + q), _with_room(value, n + q), pos)
                         for key, value in zip(context.keys[: last + 1],
@@ -408,15 +425,20 @@ class HFBackend:
             )
         return HFRequest(cache, list(context_ids) + list(query_ids), out.logits[0, -1].float())
 
-    def _mask(self, rows: torch.Tensor, total: int) -> torch.Tensor | dict[str, torch.Tensor]:
+    def _mask(self, rows: torch.Tensor, total: int, hidden: list[int] = ()
+              ) -> torch.Tensor | dict[str, torch.Tensor]:
         """The additive attention mask of rows at positions ``rows`` over keys 0..total-1:
         causal, as one ``[1, 1, rows, total]`` tensor; for a model with sliding-window layers,
         one per layer type, a sliding layer's row seeing only its window's last keys (as
-        transformers masks it: key > row - window)."""
+        transformers masks it: key > row - window). No row sees a ``hidden`` key."""
         keys = torch.arange(total, device=self.device)[None, :]
         masks = {"full_attention": keys <= rows[:, None]}
         for layer_type, window in self._windows.items():
             masks[layer_type] = (keys <= rows[:, None]) & (keys > rows[:, None] - window)
+        if len(hidden):
+            shown = torch.ones(total, dtype=torch.bool, device=self.device)
+            shown[torch.as_tensor(list(hidden), device=self.device)] = False
+            masks = {layer_type: visible & shown for layer_type, visible in masks.items()}
         additive = {}
         for layer_type, visible in masks.items():
             mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)

@@ -549,6 +549,12 @@ class LlamaCppBackend:
         finally:
             L.llama_memory_seq_rm(mem, REQUEST, -1, -1)
 
+    def placeholder(self, token_ids: list[int], start: int) -> SequenceState:
+        """The state standing at ``start``.. for context tokens the request recomputes in
+        place: the tokens computed alone. A request is built from restored cells, so even
+        tokens decoded again must have some (transformers needs none: zeros there)."""
+        return self.reposition(self.prefill_chunk(token_ids), start)
+
     def reposition(self, kv: SequenceState, start: int) -> SequenceState:
         """Record the move; the engine shifts the cells (RoPE K-shift) when they are placed."""
         return replace(kv, start=start)
@@ -593,12 +599,14 @@ class LlamaCppBackend:
         raise UnsupportedModel(DEVIATION_REFUSAL)
 
     def query_relevance(self, context: list[SequenceState], query_ids: list[int],
-                        layers: tuple[int, ...]) -> torch.Tensor:
+                        layers: tuple[int, ...], hidden: list[int] = ()) -> torch.Tensor:
         """Per context position, the attention the query pays it over the reused,
         re-positioned context (what ``none`` would see): mean over query rows, heads and
         ``layers``, as the transformers backend computes it. The query is decoded in the probe
         context (a second KV cache the size of the request context, made on first use) with
-        its eval callback reading ``layers``' softmax; the request context is not touched."""
+        its eval callback reading ``layers``' softmax; the request context is not touched.
+        ``hidden`` is for placeholders that are not KV; this engine's are (``placeholder``),
+        so the query sees every position."""
         n, q = sum(part.n_tokens for part in context), len(query_ids)
         if not q:
             raise ValueError("query relevance needs query tokens")

@@ -448,12 +448,13 @@ class Engine:
         parts = [self._prefix_part(prefix_kv, n)] if n else []
         cursor = n
         computed: list[int] = []  # positions computed in place
+        blank: list[int] = []  # of those, the ones held by placeholders until then
         for segment, kv, hit in kvs:
             if segment.end > end:
                 break
             if segment.start > cursor:  # the text between: computed in place
                 parts += self._between(composer, ids, cursor, segment.start, misses, after,
-                                       system_kv, stored)
+                                       system_kv, stored, blank)
                 computed += range(cursor, segment.start)
             parts.append(backend.reposition(kv, segment.start))
             if not hit:
@@ -468,7 +469,7 @@ class Engine:
             if not relevance_cache:
                 layers = query_probe_layers(backend.info.n_layers)
                 relevance_cache.append(backend.query_relevance(context, query_ids[-PROBE_TOKENS:],
-                                                               layers))
+                                                               layers, blank))
             return relevance_cache[0]
 
         def deviation() -> torch.Tensor:
@@ -494,28 +495,34 @@ class Engine:
         return state, reused[0].start
 
     def _between(self, composer: Composer, ids, start: int, end: int, misses, after, system_kv,
-                 stored: list) -> list:
-        """Placeholder KV for the text ``[start, end)`` between reused segments, which is
-        recomputed in place anyway. A new segment there is computed once, as its key says (after
-        the system message's exact KV, which the exact prefix holds), stored, and placed from
-        that, where it used to be computed alone here and again for the store after the reply;
-        the rest is computed alone."""
+                 stored: list, blank: list[int]) -> list:
+        """KV standing for the text ``[start, end)`` between reused segments until it is
+        computed in place. A new segment there is computed once, as its key says (after the
+        system message's exact KV, which the exact prefix holds), stored, and placed from that,
+        where it used to be computed alone here and again for the store after the reply; the
+        rest gets the engine's placeholder (``blank`` lists its positions): on transformers
+        zeros, where computing it alone first cost as much as the prefill it was then thrown
+        away for."""
         backend = self.backend
         parts, cursor = [], start
+
+        def placeholder(first: int, last: int) -> None:
+            parts.append(backend.placeholder(ids[first:last], first))
+            blank.extend(range(first, last))
+
         for segment, p in sorted(misses, key=lambda miss: miss[0].start):
             context = after(segment)
             if not (start <= segment.start and segment.end <= end) or (context and
                                                                        system_kv is None):
                 continue
             if segment.start > cursor:
-                parts.append(backend.reposition(backend.prefill_chunk(ids[cursor:segment.start]),
-                                                cursor))
+                placeholder(cursor, segment.start)
             kv, _ = composer.chunk_kv(p, context, after_kv=system_kv if context else None)
             parts.append(backend.reposition(kv, segment.start))
             stored.append(p)
             cursor = segment.end
         if end > cursor:
-            parts.append(backend.reposition(backend.prefill_chunk(ids[cursor:end]), cursor))
+            placeholder(cursor, end)
         return parts
 
     # -- the reply -----------------------------------------------------------------------
