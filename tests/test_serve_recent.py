@@ -150,3 +150,32 @@ def test_text_between_reused_segments_is_computed_once_in_place(engine_of, monke
                    for i in range(len(run)))
     reference = served(exact, "agent", second)
     assert outcome.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
+
+
+def test_experimental_reuses_the_last_prompt_past_its_exact_part_in_place(engine_of):
+    """A composed request's KV past its first reused segment is not exact, so the exact-prefix
+    cache keeps only what comes before; a next prompt repeating the whole last one reuses the
+    rest in place (composed, never counted exact), and with every token recomputed it scores
+    as full prefill."""
+    for strategy in ("none", "all"):
+        engine, exact = engine_of(strategy=strategy), engine_of(reuse="exact-only")
+        served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
+        composed = served(engine, "agent", (SYSTEM, TURN, NOTE, FILE, QUESTION))
+        assert composed.status == "composed"
+        follow = (SYSTEM, TURN, NOTE, FILE, QUESTION + REPLY, " And the perimeter?")
+        outcome = served(engine, "agent", follow)
+        assert outcome.status == "composed"
+        # Exact: up to the note, the first segment the last request reused; from there to
+        # where the prompts part (the last question's end), reused in place.
+        backend = engine.backend
+        assert outcome.exact_prefix_tokens == token_span(backend, follow, 2)[0]
+        common = token_span(backend, (SYSTEM, TURN, NOTE, FILE, QUESTION), 4)[1]
+        reused = outcome.reused_tokens + outcome.recomputed_tokens
+        assert common - 2 <= outcome.exact_prefix_tokens + reused <= common
+        if strategy == "all":
+            reference = served(exact, "agent", follow)
+            assert outcome.continuation_nll == pytest.approx(reference.continuation_nll,
+                                                             abs=1e-4)
+        else:
+            assert outcome.recomputed_tokens == 0
+            assert outcome.prefilled_tokens <= outcome.prompt_tokens - common + 2

@@ -296,8 +296,9 @@ class Engine:
         if n <= len(backend.leading_ids):  # a BOS alone is no shared prefix
             n = 0
         composer = self._composer(scope)
-        candidates = [s for s in segments if s.start >= n]
-        outcome.segments = len(candidates)
+        again = self._again(scope, ids, n)
+        candidates = [s for s in segments if s.start >= (again.end if again else n)]
+        outcome.segments = len(candidates) + (again is not None)
         refusals: dict[str, str] = {}
         licensed = []
         for segment in candidates:
@@ -320,6 +321,9 @@ class Engine:
                                 None, [], {"kind": segment.kind, "source": "serve"})
 
         hits, pending, misses = [], [], []
+        if again is not None:  # experimental: every class is reused
+            hits.append((again, self._verdict(again, len(ids)), None,
+                         self.recent.span(scope, again.start, again.end)))
         for segment, verdict in licensed:
             p = piece(segment)
             earlier = self.recent.find(scope, p.ids) if self.recent is not None else None
@@ -370,6 +374,18 @@ class Engine:
         outcome.stored_tokens = sum(len(p.ids) for p in stored) + sum(
             len(p.ids) + (len(after) if kv is None else 0) for p, after, kv in pending)
         return state, pending
+
+    def _again(self, scope: str, ids: list[int], n: int) -> seg.Segment | None:
+        """With ``experimental``: the prompt's common prefix with the scope's last prompt past
+        the exact prefix ``n``, as one segment reused in place (where that prompt was composed,
+        its KV past its first reused segment is not exact, so the exact-prefix cache does not
+        keep it); None when shorter than a segment's minimum."""
+        if not self.experimental or self.recent is None or self.backend.info.unsupported:
+            return None
+        end = min(self.recent.common(scope, ids), len(ids) - 1)
+        if end - n < self.min_segment_tokens:
+            return None
+        return seg.Segment(n, end, "passage", "last-prompt")
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it

@@ -10,6 +10,11 @@ prompt is taken from there, re-positioned, and the rule recomputes its share as 
 segment: composed, never exact. One prompt per scope (as one llama-server slot per client),
 least recently used out first beyond the byte budget. Segments are found by their tokens:
 the last prompt's segments as that request cut them.
+
+With ``--experimental`` (every class reused), the new prompt's common token prefix with the
+last prompt beyond the exact prefix is reused the same way, in place: after a composed
+request, the exact-prefix cache keeps only its tokens before the first reused segment, so a next
+call that repeats the whole last prompt would otherwise compute all the rest again.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from codekv.backends.engines import TRANSFORMERS
 
 @dataclass
 class LastPrompt:
+    ids: np.ndarray
     kv: Any  # the backend's chunk KV of the whole prompt, from position 0
     starts: dict[bytes, int]  # a segment's tokens -> where it starts in the prompt
     nbytes: int
@@ -50,6 +56,20 @@ class RecentPrompts:
         return None if start is None else self.backend.span(last.kv, start,
                                                             start + len(token_ids))
 
+    def common(self, scope: str, token_ids: list[int]) -> int:
+        """How many leading tokens ``token_ids`` share with the scope's last prompt."""
+        last = self.prompts.get(scope)
+        if last is None:
+            return 0
+        ids = np.asarray(token_ids, dtype=np.int64)
+        n = min(len(ids), len(last.ids))
+        differ = np.flatnonzero(ids[:n] != last.ids[:n])
+        return int(differ[0]) if differ.size else n
+
+    def span(self, scope: str, start: int, end: int) -> Any:
+        """The scope's last prompt's KV of positions ``[start, end)``."""
+        return self.backend.span(self.prompts[scope].kv, start, end)
+
     def remember(self, scope: str, ids: list[int], spans: list[tuple[int, int]],
                  kv: Any) -> None:
         """``kv`` (of all of ``ids``) as the scope's last prompt, its segments at ``spans``."""
@@ -58,7 +78,7 @@ class RecentPrompts:
         if nbytes > self.budget_bytes:
             return
         starts = {_key(ids[start:end]): start for start, end in spans}
-        self.prompts[scope] = LastPrompt(kv, starts, nbytes)
+        self.prompts[scope] = LastPrompt(np.asarray(ids, dtype=np.int64), kv, starts, nbytes)
         while sum(p.nbytes for p in self.prompts.values()) > self.budget_bytes:
             self.prompts.popitem(last=False)
 
