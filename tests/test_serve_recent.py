@@ -179,3 +179,39 @@ def test_experimental_reuses_the_last_prompt_past_its_exact_part_in_place(engine
         else:
             assert outcome.recomputed_tokens == 0
             assert outcome.prefilled_tokens <= outcome.prompt_tokens - common + 2
+
+
+def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine_of,
+                                                                         monkeypatch):
+    """On transformers a placeholder costs nothing, so a new segment between reused ones is
+    computed in place for the request, and for the store (alone) only once the reply is out:
+    not before the first token, as where a placeholder is the text computed alone."""
+    from codekv.serve.engine import Job, Sampling
+
+    engine = engine_of(strategy="all")
+    backend = engine.backend
+    served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
+    second = (SYSTEM, NOTE, TURN, FILE, QUESTION)  # the turn: a new segment between
+    new = backend.tokenize_prompt("".join(second))[0][slice(*token_span(backend, second, 2))]
+    timeline = []
+    prefill_chunk = backend.prefill_chunk
+
+    def counted(token_ids, *args, **kwargs):
+        if list(token_ids) == new:
+            timeline.append("computed alone")
+        return prefill_chunk(token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "prefill_chunk", counted)
+    done = threading.Event()
+
+    def emit(event):
+        timeline.append(event[0])
+        if event[0] in ("done", "error"):
+            done.set()
+
+    engine.submit(Job("agent", lambda: prompt(*second), Sampling(max_tokens=1, temperature=0),
+                      emit, chat=False))
+    assert done.wait(60)
+    while engine.busy:
+        threading.Event().wait(0.01)
+    assert [e for e in timeline if e != "text"] == ["prefilled", "done", "computed alone"]

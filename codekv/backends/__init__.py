@@ -108,6 +108,9 @@ class Backend(Protocol):
     # Why it cannot compose chunk KV left at the positions it was computed at (the
     # ``none-norope`` baseline, whose selection does not re-position), or None.
     unshifted_refusal: str | None
+    # Whether ``placeholder`` computes nothing: then text a request recomputes in place is
+    # best left to it, and anything else its tokens are needed for (storing them) done later.
+    free_placeholders: bool
 
     def tokenize(self, text: str) -> list[int]: ...
 

@@ -129,6 +129,7 @@ class HFBackend:
     deviation_refusal = None  # values are tensors here: KV deviation can be scored
     relevance_refusal = None  # and the query's attention over them too
     unshifted_refusal = None  # and KV left at its own positions is just not rotated
+    free_placeholders = True  # zeros: a recomputed position's KV is written before it is read
 
     def __init__(self, model, tokenizer, weights_fingerprint: str | None = None,
                  leading_ids: list[int] | None = None):

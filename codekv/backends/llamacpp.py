@@ -153,6 +153,7 @@ class LlamaCppBackend:
     deviation_refusal = DEVIATION_REFUSAL
     relevance_refusal = None  # read through the eval callback of a probe context
     unshifted_refusal = UNSHIFTED_REFUSAL
+    free_placeholders = False  # a request is built from restored cells: each costs a prefill
 
     def __init__(self, gguf: str | Path, n_ctx: int | None = None, kv_type: str = "f16",
                  n_threads: int | None = None, n_batch: int = 512, gguf_digest: str | None = None):

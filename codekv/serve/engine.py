@@ -513,12 +513,12 @@ class Engine:
     def _between(self, composer: Composer, ids, start: int, end: int, misses, after, system_kv,
                  stored: list, blank: list[int]) -> list:
         """KV standing for the text ``[start, end)`` between reused segments until it is
-        computed in place. A new segment there is computed once, as its key says (after the
-        system message's exact KV, which the exact prefix holds), stored, and placed from that,
-        where it used to be computed alone here and again for the store after the reply; the
-        rest gets the engine's placeholder (``blank`` lists its positions): on transformers
-        zeros, where computing it alone first cost as much as the prefill it was then thrown
-        away for."""
+        computed in place: the engine's placeholder (``blank`` lists its positions). Where
+        placeholders cost nothing (transformers: zeros), that is all of it, and a new segment
+        there is stored after the reply, as any. Elsewhere (llama.cpp: the text computed alone)
+        a new segment there is computed once, as its key says (after the system message's exact
+        KV, which the exact prefix holds), stored, and placed from that, instead of being
+        computed alone here and again for the store after the reply."""
         backend = self.backend
         parts, cursor = [], start
 
@@ -526,7 +526,8 @@ class Engine:
             parts.append(backend.placeholder(ids[first:last], first))
             blank.extend(range(first, last))
 
-        for segment, p in sorted(misses, key=lambda miss: miss[0].start):
+        for segment, p in sorted(misses if not backend.free_placeholders else [],
+                                 key=lambda miss: miss[0].start):
             context = after(segment)
             if not (start <= segment.start and segment.end <= end) or (context and
                                                                        system_kv is None):
