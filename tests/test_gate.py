@@ -468,7 +468,7 @@ def test_the_shipped_4k_entry_refuses_longer_python_requests_with_its_figures():
     4,049 tokens fall back, naming the figure that failed; up to 2,048 the 2K entry's rule
     still composes."""
     gate = SupportGate.load()
-    short, long = _shipped_python(gate)
+    short, long, _ = _shipped_python(gate)
     assert long["covers"]["context_tokens"] == {"min": 1902, "max": 4049}
     assert [m["fingerprint"] for m in long["covers"]["models"]] == [SMOLLM]
     assert gate.verdict("llama", "code-qa", request=_asked(tokens=2048)).strategy == "query"
@@ -476,6 +476,22 @@ def test_the_shipped_4k_entry_refuses_longer_python_requests_with_its_figures():
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
             "unsupported: llama/code-qa failed its evaluation (query@0.25: delta NLL CI high "
             "0.063 > 0.05)")
+
+
+def test_the_shipped_8k_entry_refuses_longer_python_requests_with_its_figures():
+    """Code QA at 8K contexts (issue 23): no rule passed (``query@0.25`` missed the
+    edit-similarity bound by a hair), so Python requests longer than the 4K entry's longest
+    task (4,049 tokens), up to 8,192, fall back naming it; the 2K and 4K entries still judge
+    the shorter ones."""
+    gate = SupportGate.load()
+    _, long, longest = _shipped_python(gate)
+    assert longest["covers"]["context_tokens"] == {"min": 3682, "max": 7584}
+    assert [m["fingerprint"] for m in longest["covers"]["models"]] == [SMOLLM]
+    assert "delta NLL" in gate.verdict("llama", "code-qa", request=_asked(tokens=4049)).reason
+    for tokens in (4050, 7584, 8192):
+        assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
+            "unsupported: llama/code-qa failed its evaluation (query@0.25: score drop CI high "
+            "1.00 > 1.0)")
 
 
 def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
