@@ -520,8 +520,7 @@ class HFBackend:
         """``kv``'s first ``n_tokens`` (views: cached KV is never written to)."""
         if not 0 < n_tokens <= kv.n_tokens:
             raise ValueError(f"{n_tokens} tokens of chunk KV of {kv.n_tokens}")
-        return ChunkKV([k[:, :n_tokens] for k in kv.keys], [v[:, :n_tokens] for v in kv.values],
-                       kv.start)
+        return self.span(kv, 0, n_tokens)
 
     def span(self, kv: ChunkKV, start: int, end: int) -> ChunkKV:
         """Tokens ``[start, end)`` of ``kv`` (counted from its first), at their positions

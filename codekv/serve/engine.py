@@ -266,8 +266,11 @@ class Engine:
         for piece, after, after_kv in pending:  # for next time, once the reply is out
             composer.chunk_kv(piece, after, after_kv=after_kv)
         if self.recent is not None and not backend.info.unsupported:
+            # The exact-prefix cache holds the whole prompt when it was exact: no second copy.
+            kept = self.prefix.holding(job.scope, ids)
             self.recent.remember(job.scope, ids, [(s.start, s.end) for s in segments],
-                                 backend.state_kv(state, len(ids)))
+                                 backend.head(kept, len(ids)) if kept is not None
+                                 else backend.state_kv(state, len(ids)))
 
     def _composer(self, scope: str) -> Composer:
         if scope not in self._composers:

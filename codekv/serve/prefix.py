@@ -41,7 +41,8 @@ class Entry:
     used: int  # when last used: the order of ``entries``
 
 
-def _common(a: np.ndarray, b: np.ndarray) -> int:
+def common_length(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if differ.size else n
@@ -129,7 +130,7 @@ class ExactPrefixLRU:
             child = node.children.get(int(ids[n]))
             if child is None:
                 break
-            matched = _common(child.label, ids[n:])
+            matched = common_length(child.label, ids[n:])
             n += matched
             node = child
             if matched < len(child.label):
@@ -163,7 +164,7 @@ class ExactPrefixLRU:
                 leaf = _Node(ids[n:], node)
                 node.children[int(ids[n])] = leaf
                 return leaf
-            matched = _common(child.label, ids[n:])
+            matched = common_length(child.label, ids[n:])
             if matched < len(child.label):  # split the edge where the tokens part
                 middle = _Node(child.label[:matched], node)
                 node.children[int(ids[n])] = middle

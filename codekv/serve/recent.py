@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from codekv.backends.engines import TRANSFORMERS
+from codekv.serve.prefix import common_length
 
 
 @dataclass
@@ -59,12 +60,8 @@ class RecentPrompts:
     def common(self, scope: str, token_ids: list[int]) -> int:
         """How many leading tokens ``token_ids`` share with the scope's last prompt."""
         last = self.prompts.get(scope)
-        if last is None:
-            return 0
-        ids = np.asarray(token_ids, dtype=np.int64)
-        n = min(len(ids), len(last.ids))
-        differ = np.flatnonzero(ids[:n] != last.ids[:n])
-        return int(differ[0]) if differ.size else n
+        return 0 if last is None else common_length(np.asarray(token_ids, dtype=np.int64),
+                                                    last.ids)
 
     def span(self, scope: str, start: int, end: int) -> Any:
         """The scope's last prompt's KV of positions ``[start, end)``."""
