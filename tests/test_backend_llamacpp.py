@@ -20,6 +20,7 @@ from conftest import covering, gguf, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
+from codekv.serve import chat
 from codekv.stores.local import LocalKVStore
 
 require("llama_cpp", "llama-cpp-python is not installed (pip install 'codekv[llamacpp]')")
@@ -526,12 +527,13 @@ def test_a_chat_renders_with_the_ggufs_template_and_its_special_tokens(smollm_ll
     text = smollm_llama.render_chat(messages)
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
                     "<|im_start|>assistant\n")
-    ids, offsets = smollm_llama.tokenize_prompt(text)
-    start = smollm_llama.tokenize("<|im_start|>", special=True)
-    assert len(start) == 1 and ids.count(start[0]) == 3  # one token each, not text
+    rendered = chat.render(smollm_llama, messages)
+    ids, offsets = smollm_llama.tokenize_prompt(rendered.text, rendered.markers)
+    start = smollm_llama.markers["<|im_start|>"]
+    assert ids.count(start) == 3  # one token each, not text
     assert len(smollm_llama.tokenize(text)) > len(ids)  # as plain text they are many
     assert [text[a:b] for a, b in offsets][:3] == ["<|im_start|>", "system", "\n"]
-    assert set(smollm_llama.tokenize("<|im_end|>", special=True)) <= smollm_llama.end_token_ids
+    assert smollm_llama.markers["<|im_end|>"] in smollm_llama.end_token_ids
 
 
 def test_a_kept_sequence_serves_a_later_prompts_prefix_as_the_same_batches(tiny_gguf):

@@ -761,6 +761,7 @@ def test_a_forced_continuation_is_the_reply_and_scored(exact_server, tiny_model_
     the backend scores it after full prefill of the prompt."""
     from codekv.backends import mean_nll
     from codekv.models import load_backend
+    from codekv.serve import chat
 
     client = exact_server.client()
     messages = chat(FILE, lead="A new look.")
@@ -771,7 +772,8 @@ def test_a_forced_continuation_is_the_reply_and_scored(exact_server, tiny_model_
     report = reply.model_extra["codekv"]
     assert reply.choices[0].message.content == continuation
     backend = load_backend(str(tiny_model_dir))
-    ids, _ = backend.tokenize_prompt(backend.render_chat(messages))
+    rendered = chat.render(backend, messages)
+    ids, _ = backend.tokenize_prompt(rendered.text, rendered.markers)
     forced = backend.tokenize(continuation)
     assert len(report["continuation_nll"]) == len(forced) == reply.usage.completion_tokens
     expected = mean_nll(backend, backend.full_prefill(ids), forced)

@@ -10,6 +10,7 @@ cached KV is never used with a model, tokenizer or engine it was not made by.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -73,6 +74,27 @@ def with_leading(leading: list[int], ids: list[int], spans: list[tuple[int, int]
     return list(leading) + ids, [(0, 0)] * len(leading) + spans
 
 
+def prompt_tokens(backend, text: str, markers: Sequence[tuple[int, int]] = ()
+                  ) -> tuple[list[int], list[tuple[int, int]]]:
+    """``tokenize_prompt`` for any backend: the text between markers is tokenized piece by
+    piece (a tokenizer cuts its input at special tokens first, so the pieces are read as in
+    one pass), each marker is its token, and the leading tokens go first unless the text
+    starts with them (a template's ``<bos>``)."""
+    ids: list[int] = []
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for start, end in [*markers, (len(text), len(text))]:
+        if start > cursor:
+            piece_ids, piece_spans = backend.tokenize_with_offsets(text[cursor:start])
+            ids += piece_ids
+            spans += [(cursor + first, cursor + last) for first, last in piece_spans]
+        if end > start:
+            ids.append(backend.markers[text[start:end]])
+            spans.append((start, end))
+        cursor = end
+    return with_leading(backend.leading_ids, ids, spans)
+
+
 class ChunkState(Protocol):
     """A backend's KV of a token span whose first token sits at position ``start``."""
 
@@ -126,9 +148,15 @@ class Backend(Protocol):
         assistant's turn; ValueError where there is no template or it refuses them."""
         ...
 
-    def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids and character spans of a rendered prompt, its special tokens
-        (``<|im_start|>``) read as the tokens they name."""
+    # Every text the tokenizer could read as one special or added token (``<|im_start|>``),
+    # and that token: what client text must never become (``codekv.serve.chat``).
+    markers: dict[str, int]
+
+    def tokenize_prompt(self, text: str, markers: Sequence[tuple[int, int]] = ()
+                        ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and character spans of a prompt: the characters at ``markers`` (a
+        template's own, in order) are the tokens they name, the rest is text as ``tokenize``
+        reads it; the leading tokens first (``prompt_tokens``)."""
         ...
 
     # Tokens that end a reply: the tokenizer's end of sequence and the model's own end of turn

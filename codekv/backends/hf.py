@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +25,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from codekv.backends import ModelInfo, UnsupportedModel, mean_nll, with_leading
+from codekv.backends import ModelInfo, UnsupportedModel, mean_nll, prompt_tokens
 from codekv.stores.entry import BadEntry, KVEntry
 
 # Families with rotate-half RoPE applied to keys after any key normalisation, so a cached key
@@ -182,12 +184,20 @@ class HFBackend:
 
     # -- tokens --------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """``text`` as text: a special token's spelling in it is read as characters."""
+        return self.tokenizer(text, add_special_tokens=False,
+                              split_special_tokens=True)["input_ids"]
 
     def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids (as ``tokenize``) and each token's character span in ``text``."""
-        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True,
+                                 return_offsets_mapping=True)
         return encoded["input_ids"], [tuple(span) for span in encoded["offset_mapping"]]
+
+    @functools.cached_property
+    def markers(self) -> dict[str, int]:
+        return {token.content: index
+                for index, token in self.tokenizer.added_tokens_decoder.items()}
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
@@ -206,10 +216,9 @@ class HFBackend:
         except Exception as error:  # the template's own raise_exception, a Jinja error
             raise ValueError(str(error)) from None
 
-    def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """A rendered prompt's tokens and spans: the tokenizer reads its special tokens; the
-        leading tokens go first unless the text starts with them (a template's ``<bos>``)."""
-        return with_leading(self.leading_ids, *self.tokenize_with_offsets(text))
+    def tokenize_prompt(self, text: str, markers: Sequence[tuple[int, int]] = ()
+                        ) -> tuple[list[int], list[tuple[int, int]]]:
+        return prompt_tokens(self, text, markers)
 
     @property
     def eos_token_id(self) -> int | None:

@@ -44,9 +44,11 @@ attention the same tokens decoded in other batches differ (KL ~0.014 on the defa
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -58,7 +60,7 @@ from codekv.backends import (
     ModelInfo,
     UnsupportedModel,
     mean_nll,
-    with_leading,
+    prompt_tokens,
 )
 from codekv.backends.engines import LLAMA_CPP
 from codekv.backends.llamacpp_attention import AttentionReader
@@ -264,13 +266,12 @@ class LlamaCppBackend:
         return None
 
     # -- tokens --------------------------------------------------------------------------
-    def tokenize(self, text: str, special: bool = False) -> list[int]:
-        """``special``: the text's special tokens (``<|im_start|>``) are the tokens they name,
-        as in a rendered chat prompt; else they are text like any other."""
+    def tokenize(self, text: str) -> list[int]:
+        """``text`` as text: a control token's spelling in it is read as characters."""
         data = text.encode()
         room = len(data) + 8
         buf = (self._L.llama_token * room)()
-        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, room, False, special)
+        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, room, False, False)
         if n < 0:  # never more tokens than bytes + 8, but the API reports it this way
             raise ValueError(f"llama.cpp tokenization needs {-n} tokens")
         return list(buf[:n])
@@ -308,17 +309,28 @@ class LlamaCppBackend:
             raise ValueError(str(error)) from None
         return rendered[0]
 
-    def tokenize_prompt(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """A rendered prompt's token ids (its special tokens read as such) and spans, the
-        leading tokens first unless the text starts with them (a template's ``<bos>``)."""
-        return with_leading(self.leading_ids, *self._offsets(text, special=True))
+    def tokenize_prompt(self, text: str, markers: Sequence[tuple[int, int]] = ()
+                        ) -> tuple[list[int], list[tuple[int, int]]]:
+        return prompt_tokens(self, text, markers)
+
+    @functools.cached_property
+    def markers(self) -> dict[str, int]:
+        """The tokens llama.cpp reads out of text when parsing special tokens: control,
+        user-defined and unknown ones."""
+        L = self._L
+        kinds = (L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_USER_DEFINED
+                 | L.LLAMA_TOKEN_ATTR_UNKNOWN)
+        found = {}
+        for token in range(L.llama_vocab_n_tokens(self._vocab)):
+            if L.llama_vocab_get_attr(self._vocab, token) & kinds:
+                text = self._piece(token, True).decode("utf-8", "replace")
+                if text:
+                    found.setdefault(text, token)
+        return found
 
     def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids (as ``tokenize``) and each token's character span in ``text``."""
-        return self._offsets(text, special=False)
-
-    def _offsets(self, text: str, special: bool) -> tuple[list[int], list[tuple[int, int]]]:
-        ids = self.tokenize(text, special)
+        ids = self.tokenize(text)
         data = text.encode()
         char_at = np.zeros(len(data) + 1, dtype=np.int64)  # byte offset -> character offset
         position = 0
@@ -327,7 +339,7 @@ class LlamaCppBackend:
             char_at[position : position + width] = index
             position += width
         char_at[len(data)] = len(text)
-        pieces = [self._piece(token, special) for token in ids]
+        pieces = [self._piece(token) for token in ids]
         spelled = b"".join(pieces)
         # A SentencePiece vocabulary spells a leading space the text does not have.
         byte = -1 if spelled == b" " + data else 0

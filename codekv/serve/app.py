@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from codekv.serve import chat
 from codekv.serve.engine import Engine, Job, Outcome, Prompt, QueueFull, RequestError, Sampling
 from codekv.serve.segments import tool_descriptions
 
@@ -193,7 +194,8 @@ def _tools(body: dict) -> list[dict]:
 
 
 def chat_prompt(backend, messages: list[dict], tools: list[dict]) -> Prompt:
-    """The prompt as the model's own chat template renders it (with the assistant's turn)."""
+    """The prompt as the model's own chat template renders it (with the assistant's turn),
+    its special tokens the template's alone (``codekv.serve.chat``)."""
     template = backend.chat_template
     if not template:
         raise RequestError(400, "the model has no chat template: use /v1/completions",
@@ -202,16 +204,18 @@ def chat_prompt(backend, messages: list[dict], tools: list[dict]) -> Prompt:
         raise RequestError(400, "the model's chat template cannot render tools: send them in "
                                 "a message instead", "tools")
     try:
-        text = backend.render_chat(messages, tools)
+        rendered = chat.render(backend, messages, tools)
     except ValueError as error:
         raise RequestError(400, f"the model's chat template refused the messages: {error}",
                            "messages") from None
+    text = rendered.text
     system_end = 0
     if messages[0]["role"] == "system" and messages[0]["content"]:
         at = text.find(messages[0]["content"])
         if at >= 0:
             system_end = at + len(messages[0]["content"])
-    return Prompt(text, [m["content"] for m in messages], tool_descriptions(tools), system_end)
+    return Prompt(text, [m["content"] for m in messages], tool_descriptions(tools), system_end,
+                  rendered.markers)
 
 
 # -- the app -----------------------------------------------------------------------------------

@@ -84,12 +84,14 @@ class RequestError(Exception):
 @dataclass
 class Prompt:
     """What a request asks the model to continue: the rendered text, the message contents and
-    tool descriptions in it, and the characters of its leading system message."""
+    tool descriptions in it, the characters of its leading system message and the spans of
+    the template's markers (the only text read as special tokens)."""
 
     text: str
     contents: list[str]
     tool_docs: list[str] = field(default_factory=list)
     system_end: int = 0  # characters [0, system_end) hold the leading system message
+    markers: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -240,7 +242,7 @@ class Engine:
         started = time.perf_counter()
         backend = self.backend
         prompt = job.prompt()
-        ids, offsets = backend.tokenize_prompt(prompt.text)
+        ids, offsets = backend.tokenize_prompt(prompt.text, prompt.markers)
         limit = backend.info.max_positions
         if not ids:
             raise RequestError(400, "the prompt is empty", "messages" if job.chat else "prompt")
