@@ -181,7 +181,7 @@ def test_a_changed_model_never_reuses_entries(tiny_backend, tmp_path, change):
     assert old.compose([A, B], QUERY, strategy="all").report.chunk_hits == 2  # control
     new = make_composer(tiny_backend("llama", **change), tmp_path)
     assert new.scope == old.scope and new.store.root == old.store.root
-    assert new._key(new._piece(A), []) != old._key(old._piece(A), [])
+    assert new.chunks.key(new._piece(A), []) != old.chunks.key(old._piece(A), [])
     result = new.compose([A, B], QUERY, strategy="all")
     assert (result.report.chunk_hits, result.report.chunk_misses) == (0, 2)
     assert len(entry_files(tmp_path)) == 4  # new entries beside the old ones
@@ -331,9 +331,9 @@ def test_store_hits_land_on_the_model_device(tiny_backend, tmp_path, monkeypatch
     backend = tiny_backend("llama")
     composer = make_composer(backend, tmp_path)
     piece = composer._piece(A)
-    composer._chunk_kv(piece, composer._key(piece, []), [])
+    composer.chunks.kv(piece, [])
     monkeypatch.setattr(backend, "device", torch.device("meta"))
-    kv, hit = composer._chunk_kv(piece, composer._key(piece, []), [])
+    kv, hit = composer.chunks.kv(piece, [])
     assert hit and {t.device.type for t in (*kv.keys, *kv.values)} == {"meta"}
 
 

@@ -316,7 +316,7 @@ def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):
     assert outcomes[1].stored_tokens == outcomes[0].stored_tokens + system_tokens
     # Each store's entry for the block, placed after the system message: the same
     # prediction (and full prefill's).
-    from codekv.compose import RequestPiece
+    from codekv.request import RequestPiece
     from codekv.serve import segments as seg
 
     spans = seg.prompt_spans(first.text, first.contents, [], frozenset(), seg.CodeSplitter())
@@ -326,7 +326,7 @@ def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):
     context = system + piece.ids
     predictions = []
     for engine in (kept, again):
-        kv, hit = engine._composer("test").chunk_kv(piece, system)
+        kv, hit = engine._chunks("test").kv(piece, system)
         assert hit and (kv.start, kv.n_tokens) == (system_tokens, len(piece.ids))
         parts = [kept.backend.prefill_chunk(system), kv]
         predictions.append(kept.backend.recompute(context, parts, [], query).logits)

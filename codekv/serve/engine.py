@@ -38,22 +38,12 @@ import torch
 
 from codekv.backends import rule_refusal
 from codekv.backends.engines import TRANSFORMERS
-from codekv.compose import (
-    AUTO,
-    COMPOSED,
-    DEFAULT_RATIO,
-    EXACT_PREFIX,
-    FULL_PREFILL,
-    Composer,
-    RequestPiece,
-    default_rule,
-    query_probe_layers,
-    recomputing_most,
-)
-from codekv.eval.registry import workload_of
-from codekv.gate import GateRequest, SupportGate
+from codekv.chunk_cache import ChunkCache
+from codekv.compose import AUTO, DEFAULT_RATIO, compose_state, licence, supported_rule
+from codekv.gate import SupportGate
+from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL, RequestPiece
+from codekv.schema import ChunkKind
 from codekv.selection import Segment as SelectionSegment
-from codekv.selection import SelectionContext
 from codekv.selection import strategy as make_strategy
 from codekv.serve import COMPOSE, EXACT_ONLY, REUSE_MODES, SHIFT_ONLY
 from codekv.serve import segments as seg
@@ -179,7 +169,7 @@ class Engine:
                       if reuse == SHIFT_ONLY else None)
         self.recent = (RecentPrompts(backend, self.prefix.budget_bytes)
                        if reuse == COMPOSE and backend.info.engine == TRANSFORMERS else None)
-        self._composers: dict[str, Composer] = {}
+        self._chunk_caches: dict[str, ChunkCache] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.busy = False
         self.cancelled = 0  # requests whose client left before their reply was done
@@ -262,9 +252,9 @@ class Engine:
             outcome.continuation_nll = []
         finish, count = self._generate(state, job, forced, outcome)
         job.emit(("done", finish, count))
-        composer = self._composer(job.scope)
+        chunks = self._chunks(job.scope)
         for piece, after, after_kv in pending:  # for next time, once the reply is out
-            composer.chunk_kv(piece, after, after_kv=after_kv)
+            chunks.kv(piece, after, after_kv=after_kv)
         if self.recent is not None and not backend.info.unsupported:
             # The exact-prefix cache holds the whole prompt when it was exact: no second copy.
             kept = self.prefix.holding(job.scope, ids)
@@ -272,20 +262,17 @@ class Engine:
                                  backend.head(kept, len(ids)) if kept is not None
                                  else backend.state_kv(state, len(ids)))
 
-    def _composer(self, scope: str) -> Composer:
-        if scope not in self._composers:
-            self._composers[scope] = Composer(self.backend, store=self.store, scope=scope,
-                                              gate=self.gate, experimental=self.experimental)
-        return self._composers[scope]
+    def _chunks(self, scope: str) -> ChunkCache:
+        """The scope's chunk KV cache: the keys and KV of its prompts' segments."""
+        if scope not in self._chunk_caches:
+            self._chunk_caches[scope] = ChunkCache(self.backend, self.store, scope)
+        return self._chunk_caches[scope]
 
     def _verdict(self, segment: seg.Segment, prompt_tokens: int):
         """The gate's verdict on a segment's class, for this model, the segment's language
         and the prompt's length."""
-        info = self.backend.info
-        asked = GateRequest(info.fingerprint,
-                            frozenset([segment.language] if segment.language else []),
-                            prompt_tokens)
-        return self.gate.verdict(info.family, workload_of(segment.kind), info.engine, asked)
+        return licence(self.gate, self.backend.info, segment.kind,
+                       frozenset([segment.language] if segment.language else []), prompt_tokens)
 
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
                  system_tokens: int, outcome: Outcome):
@@ -298,7 +285,7 @@ class Engine:
         n = self._before_segment(segments, n, len(ids))
         if n <= len(backend.leading_ids):  # a BOS alone is no shared prefix
             n = 0
-        composer = self._composer(scope)
+        chunks = self._chunks(scope)
         again = self._again(scope, ids, n)
         candidates = [s for s in segments if s.start >= (again.end if again else n)]
         outcome.segments = len(candidates) + (again is not None)
@@ -330,7 +317,7 @@ class Engine:
         for segment, verdict in licensed:
             p = piece(segment)
             earlier = self.recent.find(scope, p.ids) if self.recent is not None else None
-            in_store = self.store.contains(composer.chunk_key(p, after(segment)))
+            in_store = self.store.contains(chunks.key(p, after(segment)))
             if earlier is not None or in_store:
                 hits.append((segment, verdict, p, earlier))
             if not in_store:  # for other scopes' prompts, and this one's beyond its last
@@ -338,14 +325,14 @@ class Engine:
                 if earlier is None:
                     misses.append((segment, p))
         if not backend.info.unsupported and self.reuse == COMPOSE:
-            pending += self._lost_in_prefix(composer, segments, n, len(ids), piece, after)
+            pending += self._lost_in_prefix(chunks, segments, n, len(ids), piece, after)
         if licensed and self.store.error:  # its lookups failed: every segment was a miss
             refusals["store"] = f"the chunk store failed: {self.store.error}"
         outcome.fallback_reason = "; ".join(sorted(set(refusals.values()))) or None
         state, stored = None, []
         if hits:
             try:
-                state, exact = self._compose(composer, ids, n, prefix_kv, hits, after, outcome,
+                state, exact = self._compose(chunks, ids, n, prefix_kv, hits, after, outcome,
                                              misses, system_tokens, stored)
             except Exception as error:  # noqa: BLE001 - any failure falls back, with its reason
                 log.warning("composition failed: %s", error)
@@ -388,7 +375,7 @@ class Engine:
         end = min(self.recent.common(scope, ids), len(ids) - 1)
         if end - n < self.min_segment_tokens:
             return None
-        return seg.Segment(n, end, "passage", "last-prompt")
+        return seg.Segment(n, end, ChunkKind.PASSAGE, "last-prompt")
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it
@@ -413,7 +400,7 @@ class Engine:
         kept = self.prefix.holding(scope, ids)
         return None if kept is None else self._prefix_part(kept, len(ids))
 
-    def _lost_in_prefix(self, composer: Composer, segments: list[seg.Segment], n: int,
+    def _lost_in_prefix(self, chunks: ChunkCache, segments: list[seg.Segment], n: int,
                         prompt_tokens: int, piece, after) -> list:
         """Licensed segments (partly) inside the exact prefix that the store lacks (their entry
         evicted or their write failed since an earlier request): served by the prefix, never
@@ -425,7 +412,7 @@ class Engine:
                                           or self._verdict(segment, prompt_tokens).allowed):
                 continue
             p = piece(segment)
-            if not self.store.contains(composer.chunk_key(p, after(segment))):
+            if not self.store.contains(chunks.key(p, after(segment))):
                 if self.store.error:
                     return []
                 lost.append((p, after(segment)))
@@ -434,13 +421,10 @@ class Engine:
     def _rule(self, verdicts) -> tuple[str, float]:
         if self.strategy != AUTO:
             return self.strategy, DEFAULT_RATIO if self.ratio is None else self.ratio
-        allowed = [v for v in verdicts if v.allowed and v.strategy]
-        if not allowed:  # experimental, without evidence: the first default rule that runs
-            return default_rule(self.backend), DEFAULT_RATIO
-        chosen = recomputing_most(allowed)
-        return chosen.strategy, chosen.ratio or 0.0
+        # Experimental, without evidence: the first default rule that runs.
+        return supported_rule(self.backend, verdicts)[:2]
 
-    def _compose(self, composer: Composer, ids, n, prefix_kv, hits, after, outcome: Outcome,
+    def _compose(self, chunks: ChunkCache, ids, n, prefix_kv, hits, after, outcome: Outcome,
                  misses: list, system_tokens: int, stored: list):
         """The composed state and how many of its first tokens are exact. New segments between
         reused ones (``misses``) are computed once for the store and placed from that (``stored``
@@ -455,7 +439,7 @@ class Engine:
             raise RuntimeError(f"strategy {name}: {refusal}")
         reused, kvs = [], []
         for segment, _, p, earlier in hits:
-            kv, hit = (earlier, True) if earlier is not None else composer.chunk_kv(
+            kv, hit = (earlier, True) if earlier is not None else chunks.kv(
                 p, after(segment))
             if hit:
                 reused.append(segment)
@@ -472,38 +456,20 @@ class Engine:
             if segment.end > end:
                 break
             if segment.start > cursor:  # the text between: computed in place
-                parts += self._between(composer, ids, cursor, segment.start, misses, after,
+                parts += self._between(chunks, ids, cursor, segment.start, misses, after,
                                        system_kv, stored, blank)
                 computed += range(cursor, segment.start)
             parts.append(backend.reposition(kv, segment.start))
             if not hit:
                 computed += range(segment.start, segment.end)
             cursor = segment.end
-        context = backend.concat(parts)
         context_ids, query_ids = ids[:end], ids[end:]
         hit_tokens = sum(s.length for s in reused)
-        relevance_cache: list[torch.Tensor] = []
-
-        def relevance() -> torch.Tensor:
-            if not relevance_cache:
-                layers = query_probe_layers(backend.info.n_layers)
-                relevance_cache.append(backend.query_relevance(context, query_ids[-PROBE_TOKENS:],
-                                                               layers, blank))
-            return relevance_cache[0]
-
-        def deviation() -> torch.Tensor:
-            return backend.kv_deviation(context_ids, context)
-
-        query_text = backend.detokenize(query_ids)
-        selection_context = SelectionContext(
-            end, n, [SelectionSegment(s.start, s.length) for s in reused],
-            round(ratio * hit_tokens), deviation, frozenset(IDENTIFIER.findall(query_text)),
-            relevance if query_ids else None, backend.info.key_cost,
-        )
-        inside = {p for s in reused for p in range(s.start, s.end)}
-        chosen = sorted(set(selection.select(selection_context)) & inside)
-        state = backend.recompute(context_ids, context, sorted(set(computed) | set(chosen)),
-                                  query_ids)
+        state, chosen = compose_state(
+            backend, context_ids, parts, [SelectionSegment(s.start, s.length) for s in reused],
+            query_ids, selection, ratio, prefix_length=n,
+            query_names=frozenset(IDENTIFIER.findall(backend.detokenize(query_ids))),
+            in_place=computed, placeholders=blank, probe_tokens=PROBE_TOKENS)
         outcome.status = COMPOSED
         outcome.strategy, outcome.ratio = name, ratio
         outcome.exact_prefix_tokens = n
@@ -513,7 +479,7 @@ class Engine:
         outcome.segments_reused = len(reused)
         return state, reused[0].start
 
-    def _between(self, composer: Composer, ids, start: int, end: int, misses, after, system_kv,
+    def _between(self, chunks: ChunkCache, ids, start: int, end: int, misses, after, system_kv,
                  stored: list, blank: list[int]) -> list:
         """KV standing for the text ``[start, end)`` between reused segments until it is
         computed in place: the engine's placeholder (``blank`` lists its positions). Where
@@ -537,7 +503,7 @@ class Engine:
                 continue
             if segment.start > cursor:
                 placeholder(cursor, segment.start)
-            kv, _ = composer.chunk_kv(p, context, after_kv=system_kv if context else None)
+            kv, _ = chunks.kv(p, context, after_kv=system_kv if context else None)
             parts.append(backend.reposition(kv, segment.start))
             stored.append(p)
             cursor = segment.end

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codekv.backends.engines import TRANSFORMERS
-from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL
+from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL
 
 SHIFT = "shift"
 
