@@ -612,3 +612,44 @@ def test_a_model_without_a_bos_is_as_before(tiny_backend, tmp_path):
     assert backend.leading_ids == []
     result = make_composer(backend, tmp_path).compose([C], QUERY, strategy="none")
     assert result.token_ids == backend.tokenize(C.text + "\n") + backend.tokenize(QUERY)
+
+
+def test_the_server_composes_a_request_as_the_composer_does(tiny_backend, tmp_path):
+    """One composition path: the server's pipeline, given the Composer's request as a prompt
+    (its prefix kept by an earlier prompt, its chunks as the prompt's segments, the store
+    holding their KV), builds the very same KV, logits and counts."""
+    from codekv.serve import segments as seg
+    from codekv.serve.engine import Engine, Outcome
+
+    backend = tiny_backend("llama")
+    composer = make_composer(backend, tmp_path, scope="agent")
+    rule = {"strategy": "query", "ratio": 0.3}
+    composer.compose([A, B, C], QUERY, prefix=PREFIX, **rule)  # the store now holds the chunks
+    result = composer.compose([A, B, C], QUERY, prefix=PREFIX, **rule)
+    assert result.status == COMPOSED and result.report.store_hits == 3
+    request = composer.build_request([A, B, C], QUERY, PREFIX)
+    ids, n = request.token_ids, len(request.prefix_ids)
+    segments, start = [], n
+    for piece in request.pieces:
+        segments.append(seg.Segment(start, start + len(piece.ids), piece.kind, piece.identity))
+        start += len(piece.ids)
+    engine = Engine(backend, composer.store, composer.gate, experimental=True,
+                    min_segment_tokens=1, **rule)
+    try:
+        prefix_kv = backend.prefill_chunk(request.prefix_ids)  # what an earlier prompt left
+        engine.prefix.put("agent", request.prefix_ids, prefix_kv, prefix_kv.nbytes())
+        outcome = Outcome(prompt_tokens=len(ids))
+        state, pending = engine._prefill("agent", ids, segments, n, outcome)
+    finally:
+        engine.close()
+    report = result.report
+    assert (outcome.status, outcome.segments_reused, pending) == (COMPOSED, 3, [])
+    assert (outcome.strategy, outcome.ratio) == (report.strategy, report.ratio)
+    assert (outcome.exact_prefix_tokens, outcome.recomputed_tokens, outcome.reused_tokens) == (
+        report.prefix_tokens, report.recomputed_tokens, report.reused_tokens)
+    assert 0 < report.recomputed_tokens < report.context_tokens - n
+    served, composed = backend.state_kv(state, len(ids)), backend.state_kv(result.state, len(ids))
+    for ours, theirs in zip(served.keys + served.values, composed.keys + composed.values,
+                            strict=True):
+        assert torch.equal(ours, theirs)
+    assert torch.equal(state.logits, result.next_token_logits())
