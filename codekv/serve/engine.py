@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 import torch
 
 from codekv.backends import rule_refusal
-from codekv.backends.engines import TRANSFORMERS
 from codekv.chunk_cache import ChunkCache
 from codekv.compose import AUTO, DEFAULT_RATIO, compose_state, licence, supported_rule
 from codekv.gate import SupportGate
@@ -47,7 +46,7 @@ from codekv.selection import Segment as SelectionSegment
 from codekv.selection import strategy as make_strategy
 from codekv.serve import COMPOSE, EXACT_ONLY, REUSE_MODES, SHIFT_ONLY
 from codekv.serve import segments as seg
-from codekv.serve.prefix import ExactPrefixLRU
+from codekv.serve.prompt_cache import prompt_cache
 from codekv.serve.recent import RecentPrompts
 from codekv.serve.shift import ShiftSlots
 
@@ -163,12 +162,16 @@ class Engine:
         self.min_segment_tokens = min_segment_tokens
         self.known_code = known_code
         self.split_code = seg.CodeSplitter()
-        self.prefix = self._exact_prefix_cache(prefix_budget_bytes)
+        self.prompts = prompt_cache(backend, prefix_budget_bytes)
+        self.prefix = self.prompts.prefix
+        if reuse == SHIFT_ONLY and not self.prompts.supports_shift:
+            raise ValueError(f"shift-only reuse shifts spans of kept prompts into place, which "
+                             f"{backend.info.engine} keeps in cells that cannot be cut out")
         self.reuse = reuse
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
                       if reuse == SHIFT_ONLY else None)
         self.recent = (RecentPrompts(backend, self.prefix.budget_bytes)
-                       if reuse == COMPOSE and backend.info.engine == TRANSFORMERS else None)
+                       if reuse == COMPOSE and self.prompts.supports_last_prompt else None)
         self._chunk_caches: dict[str, ChunkCache] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.busy = False
@@ -176,19 +179,6 @@ class Engine:
         self._worker = threading.Thread(target=self._run, name="codekv-serve-worker",
                                         daemon=True)
         self._worker.start()
-
-    # -- the exact-prefix cache: how this engine keeps recent prompts' KV --------------------
-    def _exact_prefix_cache(self, budget_bytes: int | None) -> ExactPrefixLRU:
-        return ExactPrefixLRU(budget_bytes) if budget_bytes is not None else ExactPrefixLRU()
-
-    def _prefix_part(self, kept, n: int):
-        """The first ``n`` tokens of a kept prompt as the first part of a request."""
-        return self.backend.head(kept, n)
-
-    def _keep_prefix(self, scope: str, ids: list[int], state) -> None:
-        """Keep the state's first ``len(ids)`` tokens (exact KV) for later prompts."""
-        kv = self.backend.state_kv(state, len(ids))
-        self.prefix.put(scope, ids, kv, kv.nbytes())
 
     # -- the queue -----------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -343,7 +333,7 @@ class Engine:
             outcome.reused_tokens = outcome.recomputed_tokens = 0
             outcome.segments_reused = outcome.segments_from_last_prompt = 0
             if n:
-                context = backend.concat([self._prefix_part(prefix_kv, n)])
+                context = backend.concat([self.prompts.part(prefix_kv, n)])
                 state = backend.recompute(ids[:n], context, [], ids[n:])
                 outcome.status = EXACT_PREFIX
             else:
@@ -353,7 +343,7 @@ class Engine:
             outcome.prefilled_tokens = len(ids) - n
             exact = len(ids)
         if exact > 0:  # composed: only the tokens before its first reused segment are exact
-            self._keep_prefix(scope, ids[:exact], state)
+            self.prompts.keep(scope, ids[:exact], state)
         if state is not None and outcome.status == COMPOSED:  # else nothing was stored early
             pending = [(p, after) for p, after in pending if not any(p is s for s in stored)]
         else:
@@ -398,7 +388,7 @@ class Engine:
         """The exact KV of ``ids`` as a request's first part where the exact-prefix cache
         keeps all of them (segments stored after them are then computed alone), else None."""
         kept = self.prefix.holding(scope, ids)
-        return None if kept is None else self._prefix_part(kept, len(ids))
+        return None if kept is None else self.prompts.part(kept, len(ids))
 
     def _lost_in_prefix(self, chunks: ChunkCache, segments: list[seg.Segment], n: int,
                         prompt_tokens: int, piece, after) -> list:
@@ -430,7 +420,7 @@ class Engine:
         reused ones (``misses``) are computed once for the store and placed from that (``stored``
         lists them)."""
         backend = self.backend
-        system_kv = (self._prefix_part(prefix_kv, system_tokens)
+        system_kv = (self.prompts.part(prefix_kv, system_tokens)
                      if 0 < system_tokens <= n else None)
         name, ratio = self._rule([verdict for _, verdict, _, _ in hits])
         selection = make_strategy(name)
@@ -448,7 +438,7 @@ class Engine:
         if not reused:
             raise RuntimeError("the stored segments could not be read")
         end = max(s.end for s in reused)
-        parts = [self._prefix_part(prefix_kv, n)] if n else []
+        parts = [self.prompts.part(prefix_kv, n)] if n else []
         cursor = n
         computed: list[int] = []  # positions computed in place
         blank: list[int] = []  # of those, the ones held by placeholders until then
