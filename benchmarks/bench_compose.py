@@ -136,7 +136,7 @@ def measure(backend, index, chunks, args) -> None:
         times = []
         for _ in range(args.repeats):
             # A fresh store object each time: entries are read from disk, not memory.
-            composer.store = LocalKVStore(store_dir)
+            composer.chunks.store = LocalKVStore(store_dir)
             result = composer.compose(chunks, query, strategy=name, ratio=args.ratio)
             assert result.report.chunk_misses == 0, "store should be warm"
             times.append(result.report.ttft_s)

@@ -179,7 +179,7 @@ def store_load(repo: str, url: str, target: int, repeats: int) -> dict:
         for name, make in stores.items():
             samples = []
             for _ in range(repeats):
-                composer.store = make()  # a fresh store object: nothing cached in memory
+                composer.chunks.store = make()  # a fresh store object: nothing cached in memory
                 result = composer.compose(chunks, question, strategy="none")
                 assert result.report.store_misses == 0, result.report.store_error
                 samples.append(result.report.timings["store_load"])
@@ -188,7 +188,7 @@ def store_load(repo: str, url: str, target: int, repeats: int) -> dict:
             row[f"{name}_bytes_per_token"] = stores[name]().stats().bytes / n_tokens
         answers = {}
         for name in ("redis", "redis16"):
-            composer.store = stores[name]()
+            composer.chunks.store = stores[name]()
             answers[name] = composer.compose(chunks, question, strategy="anchors", ratio=0.15)
         fp32, fp16 = (answers[n].next_token_logits() for n in ("redis", "redis16"))
         row["kl_16_vs_32"] = kl(fp32, fp16)

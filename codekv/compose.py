@@ -2,11 +2,13 @@
 
 Per request: an optional exact prefix (served by an exact-prefix cache with its own keys and
 counters), an ordered list of chunks (code chunks from the index, or free text passages and
-tool docs), and the query. Each chunk's KV is fetched from the chunk store (computed alone and
-stored on a miss), re-positioned to its offset, a selected set of tokens is recomputed with the
-query against the whole context, and the result is committed into a fresh request state only
-when every step succeeded. Cached entries are never mutated. The result says what it is:
-``exact-prefix``, ``composed`` or ``full-prefill`` - a composed state is never an exact hit.
+tool docs), and the query. Each chunk's KV comes from the chunk KV cache
+(``codekv.chunk_cache``: the store's, computed and stored on a miss), re-positioned to its
+offset, and ``compose_state`` - the one composition, which ``codekv serve`` calls too - has a
+rule recompute a selected set of tokens with the query against the whole context. The result
+is committed into a fresh request state only when every step succeeded. Cached entries are
+never mutated. The result says what it is (``codekv.request``): ``exact-prefix``,
+``composed`` or ``full-prefill`` - a composed state is never an exact hit.
 """
 
 from __future__ import annotations
@@ -16,24 +18,40 @@ import math
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from codekv.backends import Backend, RequestState, UnsupportedModel, rule_refusal
+from codekv.backends import Backend, ModelInfo, RequestState, UnsupportedModel, rule_refusal
+from codekv.chunk_cache import ChunkCache
 from codekv.chunks import Chunk
 from codekv.conditioning import DEFAULT_CONDITIONING, GRAPH_TOKENS
 from codekv.conditioning import checked as checked_conditioning
-from codekv.eval.registry import workload_of
 from codekv.gate import GateRequest, SupportGate, Verdict
-from codekv.selection import Segment, SelectionContext, TokenAnchor
+from codekv.request import (
+    COMPOSED,
+    EXACT_PREFIX,
+    FULL_PREFILL,
+    Counters,
+    Passage,
+    Report,
+    Request,
+    RequestPiece,
+)
+from codekv.schema import ChunkKind, workload_of
+from codekv.selection import Segment, SelectionContext, Strategy, TokenAnchor
 from codekv.selection import strategy as make_strategy
-from codekv.stores import default_holder, default_kv_store, default_scope, open_kv_store
+from codekv.stores import default_kv_store, default_scope, open_kv_store
 from codekv.stores.base import KVStore
-from codekv.stores.entry import BadEntry, KVKey, token_hash
+from codekv.stores.entry import token_hash
 
-EXACT_PREFIX, COMPOSED, FULL_PREFILL = "exact-prefix", "composed", "full-prefill"
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["AUTO", "COMPOSED", "EXACT_PREFIX", "FULL_PREFILL", "ChunkTooLongError",
+           "ComposeResult", "Composer", "Passage", "Report", "compose_state"]
+
 # ``compose(strategy=AUTO)``: the rule the support file records as passing for the workload.
 # Where none passed (the request then falls back, unless experimental), the default rule:
 # the best measured one the engine can run (docs/results.md: query has the lowest |dNLL| at
@@ -44,58 +62,10 @@ DEFAULT_STRATEGIES, DEFAULT_RATIO = ("query", "boundary"), 0.15
 ANCHOR_TOKENS = 8  # an anchor contributes at most its first tokens (a branch spans a block)
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NEIGHBOUR_CACHE = 4096  # definitions whose tokens graph conditioning keeps in memory
-CLAIM_REFRESH_S = 3600.0  # a composer renews its claim on its scope at most this often
 
 
 class ChunkTooLongError(ValueError):
     """A chunk longer than the model's positions: no request could use its KV."""
-
-
-@dataclass(frozen=True)
-class Passage:
-    """Free text reused like a chunk: a retrieved passage or a tool's documentation."""
-
-    text: str
-    name: str = ""
-    kind: str = "passage"  # or "tool-doc"
-
-
-@dataclass
-class Report:
-    status: str = FULL_PREFILL
-    # The rule, its ratio and what the chunks' KV was computed after: a composed request's
-    # (or an exact-prefix one's); a full prefill has none.
-    strategy: str | None = None
-    ratio: float | None = None
-    conditioning: str | None = None
-    total_tokens: int = 0
-    prefix_tokens: int = 0
-    context_tokens: int = 0
-    query_tokens: int = 0
-    reused_tokens: int = 0
-    recomputed_tokens: int = 0
-    recompute_ratio: float = 0.0
-    # The share of full prefill's causal attention work over the context that the recomputed
-    # rows do: a row at position p attends to p + 1 keys, so rows late in the context cost more
-    # than the ratio says (attention outweighs the rest of the model at a few thousand tokens).
-    recompute_attention: float = 0.0
-    chunk_hits: int = 0
-    chunk_misses: int = 0
-    exact_prefix_hit: bool = False
-    timings: dict[str, float] = field(default_factory=dict)
-    ttft_s: float = 0.0
-    fallback_reason: str | None = None
-    store: str = ""  # the chunk KV store: a directory, or a URL without credentials
-    store_hits: int = 0  # chunks whose KV the store served
-    store_misses: int = 0  # chunks prefilled because the store had no valid entry
-    store_error: str | None = None  # why the store was not used (the request went on without)
-    # Entries found bad on reading (damaged, non-finite values, another layout, dtype or token
-    # count than the request's): deleted, then recomputed and replaced (counted in
-    # store_misses too) or, where a local copy was bad, served from the shared store.
-    store_rejected: int = 0
-
-    def as_json(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -118,20 +88,6 @@ class ComposeResult:
     def score(self, target: str) -> float:
         """Mean NLL (nats/token) of ``target`` following the request."""
         return self.backend.score(self.state, self.backend.tokenize(target))
-
-
-@dataclass
-class Counters:
-    """Exact-prefix and composed paths are counted apart, never mixed."""
-
-    exact_prefix_hits: int = 0
-    exact_prefix_misses: int = 0
-    composed: int = 0
-    full_prefill: int = 0
-    fallbacks: dict[str, int] = field(default_factory=dict)
-    store_errors: dict[str, int] = field(default_factory=dict)  # chunk KV that could not be kept
-    chunk_prefills: int = 0  # chunk KV computed because the store had none
-    chunk_prefill_tokens: int = 0  # tokens those took through the model, conditioning included
 
 
 class ExactPrefixCache:
@@ -162,39 +118,6 @@ class ExactPrefixCache:
             self.entries.popitem(last=False)
 
 
-@dataclass(frozen=True)
-class RequestPiece:
-    """A chunk of the request, tokenized, with its identity and anchors in token positions."""
-
-    ids: list[int]
-    identity: str  # what its stored KV is keyed by (with the token ids' hash)
-    kind: str  # "code", "passage" or "tool-doc"
-    chunk_id: str | None
-    anchors: list[TokenAnchor]
-    provenance: dict
-    chunk: Chunk | None = None  # a code piece's chunk (graph conditioning reads its uses)
-
-
-@dataclass(frozen=True)
-class Request:
-    """A request's tokens: ``prefix_ids + pieces + query_ids``, tokenized once by
-    ``Composer.build_request`` so composition, full prefill and the evaluation's other methods
-    all see the same token sequence. ``prefix_ids`` start with the model's leading tokens (its
-    BOS, where it has one)."""
-
-    prefix_ids: list[int]
-    pieces: list[RequestPiece]
-    query_ids: list[int]
-
-    @property
-    def context_ids(self) -> list[int]:
-        return self.prefix_ids + [t for piece in self.pieces for t in piece.ids]
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.context_ids + self.query_ids
-
-
 class Composer:
     """Composes requests for one backend; agents call ``compose`` once per task.
 
@@ -221,18 +144,25 @@ class Composer:
         self.index = index
         if isinstance(store, str | Path):
             store = open_kv_store(store)
-        self.store = store or default_kv_store()
-        self.scope = scope or default_scope(index)
-        # This home's name in its claim on the scope; default: the index's home's (made lazily).
-        self.holder = holder
-        self._claimed_at = -math.inf
+        self.counters = Counters()
+        # The claim on the scope names this home ``holder``; default: the index's home's.
+        self.chunks = ChunkCache(backend, store or default_kv_store(),
+                                 scope or default_scope(index), self.counters, holder,
+                                 index.store_dir if index is not None else None)
         self.gate = gate or SupportGate.load()
         self.experimental = experimental
         self.conditioning = checked_conditioning(conditioning)
         self.graph_tokens = graph_tokens
         self._neighbours: OrderedDict[str, list[int]] = OrderedDict()  # neighbour tokens
         self.prefix_cache = ExactPrefixCache()
-        self.counters = Counters()
+
+    @property
+    def store(self) -> KVStore:
+        return self.chunks.store
+
+    @property
+    def scope(self) -> str:
+        return self.chunks.scope
 
     # -- public API ----------------------------------------------------------------------
     def compose(
@@ -274,7 +204,7 @@ class Composer:
             strategy, ratio, evidenced = self._supported_rule(request)
             conditioning = conditioning or evidenced
         conditioning = conditioning or self.conditioning
-        self._claim()
+        self.chunks.claim()
         report = Report(strategy=strategy, ratio=ratio, conditioning=conditioning)
         selection = make_strategy(strategy)
         context_ids = request.context_ids
@@ -358,15 +288,14 @@ class Composer:
                     f"{f' after a {len(prefix_ids)}-token prefix' if prefix_ids else ''}: more "
                     f"than the model's {limit} positions, so no request could use its KV"
                 )
-        self._claim()
+        self.chunks.claim()
         computed = cached = 0
         for piece in pieces:
             after = self._after(piece, prefix_ids, conditioning)
-            key = self._key(piece, after)
-            if self.store.contains(key):
+            if self.store.contains(self.chunks.key(piece, after)):
                 cached += 1
                 continue
-            self._chunk_kv(piece, key, after)
+            self.chunks.kv(piece, after)
             computed += 1
         return computed, cached
 
@@ -380,18 +309,6 @@ class Composer:
         query_ids = self.backend.tokenize(query) if query else []
         return Request(prefix_ids, [self._piece(item) for item in chunks], query_ids)
 
-    def chunk_key(self, piece: RequestPiece, after: list[int]) -> KVKey:
-        """The store key of ``piece``'s KV computed after the tokens ``after``, in this
-        composer's scope."""
-        return self._key(piece, after)
-
-    def chunk_kv(self, piece: RequestPiece, after: list[int], report: Report | None = None,
-                 after_kv: object = None) -> tuple[object, bool]:
-        """``piece``'s KV computed after ``after``: the store's, else computed (against
-        ``after_kv``, the exact KV of ``after`` where the caller holds it) and stored; and
-        whether the store had it. What a server composing its own segments calls."""
-        return self._chunk_kv(piece, self._key(piece, after), after, report, after_kv)
-
     # -- steps ---------------------------------------------------------------------------
     def _supported_rule(self, request: Request) -> tuple[str, float, str | None]:
         """The rule, ratio and conditioning the support file records for the request's
@@ -399,10 +316,8 @@ class Composer:
         ``experimental``). Several workloads that passed with different rules take the one
         recomputing most."""
         verdicts = self._verdicts(request)
-        if not verdicts or not all(v.allowed and v.strategy for v in verdicts):
-            return default_rule(self.backend), DEFAULT_RATIO, None
-        chosen = recomputing_most(verdicts)
-        return chosen.strategy, chosen.ratio or 0.0, chosen.conditioning
+        every = all(v.allowed and v.strategy for v in verdicts)
+        return supported_rule(self.backend, verdicts if every else [])
 
     def _refusal(self, request: Request, selection) -> str | None:
         info = self.backend.info
@@ -421,13 +336,9 @@ class Composer:
     def _verdicts(self, request: Request) -> list:
         """The gate's verdict for each workload the request's chunks belong to, for this model,
         the languages of its code chunks and its context length."""
-        info = self.backend.info
-        asked = GateRequest(info.fingerprint,
-                            frozenset(p.chunk.language for p in request.pieces
-                                      if p.chunk is not None),
-                            len(request.context_ids))
-        return [self.gate.verdict(info.family, workload, info.engine, asked)
-                for workload in sorted({workload_of(p.kind) for p in request.pieces})]
+        languages = frozenset(p.chunk.language for p in request.pieces if p.chunk is not None)
+        return [licence(self.gate, self.backend.info, kind, languages, len(request.context_ids))
+                for kind in sorted({p.kind for p in request.pieces}, key=workload_of)]
 
     def _compose(self, prefix_ids, pieces, query_ids, selection, ratio, report: Report,
                  query_names: frozenset[str] = frozenset(),
@@ -454,7 +365,7 @@ class Composer:
         for piece in pieces:
             after = self._after(piece, prefix_ids, conditioning)
             known = parts[0] if prefix_ids and after == prefix_ids else None  # not again
-            kv, hit = self._chunk_kv(piece, self._key(piece, after), after, report, known)
+            kv, hit = self.chunks.kv(piece, after, report, known)
             report.chunk_hits += hit
             report.chunk_misses += not hit
             report.store_hits += hit
@@ -468,45 +379,17 @@ class Composer:
             parts.append(self.backend.reposition(kv, offset) if selection.reposition else kv)
             segments.append(Segment(offset, len(piece.ids), piece.chunk_id, piece.anchors))
             offset += len(piece.ids)
-        context = self.backend.concat(parts)
         timings["reposition"] = time.perf_counter() - t0
         context_ids = prefix_ids + [t for p in pieces for t in p.ids]
-        budget = round(ratio * (len(context_ids) - len(prefix_ids)))
-        deviation_cache: list[torch.Tensor] = []
-
-        def deviation() -> torch.Tensor:
-            if not deviation_cache:
-                t = time.perf_counter()
-                deviation_cache.append(self.backend.kv_deviation(context_ids, context))
-                timings["deviation"] = time.perf_counter() - t
-            return deviation_cache[0]
-
-        relevance_cache: list[torch.Tensor] = []
-
-        def relevance() -> torch.Tensor:
-            if not relevance_cache:
-                t = time.perf_counter()
-                layers = query_probe_layers(self.backend.info.n_layers)
-                relevance_cache.append(self.backend.query_relevance(context, query_ids, layers))
-                timings["relevance"] = time.perf_counter() - t
-            return relevance_cache[0]
-
-        selection_context = SelectionContext(
-            len(context_ids), len(prefix_ids), segments, budget, deviation, query_names,
-            relevance if query_ids else None, self.backend.info.key_cost,
-        )
-        t0 = time.perf_counter()
-        selected = selection.select(selection_context)
-        timings["select"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        state = self.backend.recompute(context_ids, context, selected, query_ids)
-        timings["recompute"] = time.perf_counter() - t0
+        state, selected = compose_state(
+            self.backend, context_ids, parts, segments, query_ids, selection, ratio,
+            prefix_length=len(prefix_ids), query_names=query_names, timings=timings)
         n_chunk_tokens = len(context_ids) - len(prefix_ids)
         report.recomputed_tokens = len(selected)
         report.reused_tokens = n_chunk_tokens - len(selected)
         report.recompute_ratio = len(selected) / n_chunk_tokens if n_chunk_tokens else 0.0
         n = len(context_ids)
-        report.recompute_attention = (sum(p + 1 for p in set(selected)) / (n * (n + 1) / 2)
+        report.recompute_attention = (sum(p + 1 for p in selected) / (n * (n + 1) / 2)
                                       if n else 0.0)
         return state
 
@@ -554,79 +437,13 @@ class Composer:
         self._neighbours.move_to_end(key)
         return tokens
 
-    def _key(self, piece: RequestPiece, prefix_ids: list[int]) -> KVKey:
-        """A chunk's KV depends on what it was prefilled after: nothing, the request's exact
-        prefix (then its tokens never saw themselves start a sequence), or that prefix and the
-        chunk's def-use neighbours."""
-        info = self.backend.info
-        identity = piece.identity
-        if prefix_ids:
-            identity += "@after:" + token_hash(prefix_ids)
-        return KVKey(self.scope, info.fingerprint, info.tokenizer_fingerprint, identity,
-                     token_hash(piece.ids))
-
-    def _claim(self) -> None:
-        """Record in the store that this home uses the scope (at most once an hour): another
-        home's ``gc`` then keeps the scope's entries (``KVStore.collect``)."""
-        now = time.time()
-        if now - self._claimed_at < CLAIM_REFRESH_S:
-            return
-        self._claimed_at = now
-        try:
-            home = self.index.store_dir if self.index is not None else None
-            self.store.claim(self.scope, self.holder or default_holder(home))
-        except OSError as error:  # a read-only store still serves
-            self.counters.store_errors[type(error).__name__] = (
-                self.counters.store_errors.get(type(error).__name__, 0) + 1
-            )
-
-    def _chunk_kv(self, piece: RequestPiece, key: KVKey, prefix_ids: list[int],
-                  report: Report | None = None, prefix_kv: object = None
-                  ) -> tuple[object, bool]:
-        """The chunk's KV in the backend's form, and whether the store had it; a bad entry
-        found for it (deleted, then computed and stored again) is counted in ``report``."""
-        corrupt = self.store.corrupt
-        # A shared store lets one process compute a missing chunk while the others wait.
-        entry = self.store.get_or_lease(key)
-        rejected = self.store.corrupt - corrupt  # bad entries the store found and deleted
-        if entry is not None:
-            try:
-                kv = self.backend.from_entry(entry, len(prefix_ids))
-                if kv.n_tokens != len(piece.ids):
-                    raise BadEntry(f"{kv.n_tokens} tokens where the key's have {len(piece.ids)}")
-            except BadEntry:  # valid, but not this request's: the reader deletes it
-                self.store.reject(key)
-                rejected += 1
-                entry = None
-        if report is not None:
-            report.store_rejected += rejected
-        if entry is not None:
-            return kv, True
-        kv = self.backend.prefill_chunk(piece.ids, prefix_ids, prefix_kv)
-        self.counters.chunk_prefills += 1
-        self.counters.chunk_prefill_tokens += len(piece.ids) + (
-            len(prefix_ids) if prefix_kv is None else 0)
-        provenance = dict(piece.provenance, model=self.backend.info.fingerprint,
-                          engine=self.backend.info.engine, n_tokens=len(piece.ids),
-                          start=kv.start, created=time.time(),
-                          anchor_positions=[[a.kind, a.start, a.end] for a in piece.anchors])
-        entry = self.backend.to_entry(kv, provenance)
-        try:
-            self.store.put(key, entry)
-        except OSError as error:
-            # A full or read-only disk costs the next request a recompute, not this one.
-            self.counters.store_errors[type(error).__name__] = (
-                self.counters.store_errors.get(type(error).__name__, 0) + 1
-            )
-        return kv, False
-
     # -- request pieces ------------------------------------------------------------------
     def _piece(self, item) -> RequestPiece:
         if isinstance(item, Passage):
             text = item.text if item.text.endswith("\n") else item.text + "\n"
             ids = self.backend.tokenize(text + "\n")
             identity = "text:" + hashlib.sha256(text.encode()).hexdigest()
-            return RequestPiece(ids, identity, item.kind, None, [],
+            return RequestPiece(ids, identity, ChunkKind(item.kind), None, [],
                                 {"kind": item.kind, "name": item.name})
         chunk = self._resolve_chunk(item)
         return self._code_piece(chunk)
@@ -667,7 +484,83 @@ class Composer:
         provenance = {"kind": "code", "repository": getattr(self.index, "root", None),
                       "path": chunk.path, "blob": chunk.blob_hash, "chunk": chunk.id,
                       "name": chunk.qualname}
-        return RequestPiece(ids, identity, "code", chunk.id, anchors, provenance, chunk)
+        return RequestPiece(ids, identity, ChunkKind.CODE, chunk.id, anchors, provenance, chunk)
+
+
+def compose_state(backend: Backend, context_ids: list[int], parts: list, segments: list[Segment],
+                  query_ids: list[int], selection: Strategy, ratio: float, *,
+                  prefix_length: int, query_names: frozenset[str] = frozenset(),
+                  in_place: Iterable[int] = (), placeholders: list[int] = (),
+                  probe_tokens: int | None = None, timings: dict[str, float] | None = None
+                  ) -> tuple[RequestState, list[int]]:
+    """The one composition, for ``Composer``, the server and the evaluation alike: the request
+    state of ``context_ids + query_ids`` from ``parts``, the context's KV in order, each part
+    at its positions (an exact prefix, re-positioned reused ``segments``, text held in place).
+    The rule ``selection`` chooses ``ratio`` of the segments' tokens to recompute against the
+    whole context, never one before ``prefix_length`` (exact); the positions ``in_place``
+    (text no cache held) are computed whatever it chooses, the query after them. Returns the
+    state and the positions the rule chose, sorted.
+
+    The query's probe (query-aware rules) reads at most its last ``probe_tokens`` tokens and
+    ignores ``placeholders``, positions whose KV stands for text not computed yet. ``timings``
+    receives the steps' seconds."""
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
+    context = backend.concat(parts)
+    timings["reposition"] = timings.get("reposition", 0.0) + time.perf_counter() - t0
+    deviation_cache: list[torch.Tensor] = []
+
+    def deviation() -> torch.Tensor:
+        if not deviation_cache:
+            t = time.perf_counter()
+            deviation_cache.append(backend.kv_deviation(context_ids, context))
+            timings["deviation"] = time.perf_counter() - t
+        return deviation_cache[0]
+
+    relevance_cache: list[torch.Tensor] = []
+
+    def relevance() -> torch.Tensor:
+        if not relevance_cache:
+            t = time.perf_counter()
+            probe = query_ids if probe_tokens is None else query_ids[-probe_tokens:]
+            relevance_cache.append(backend.query_relevance(
+                context, probe, query_probe_layers(backend.info.n_layers), placeholders))
+            timings["relevance"] = time.perf_counter() - t
+        return relevance_cache[0]
+
+    selection_context = SelectionContext(
+        len(context_ids), prefix_length, segments,
+        round(ratio * sum(s.length for s in segments)), deviation, query_names,
+        relevance if query_ids else None, backend.info.key_cost,
+    )
+    t0 = time.perf_counter()
+    inside = {p for s in segments for p in range(s.start, s.end)}
+    chosen = sorted(set(selection.select(selection_context)) & inside)
+    timings["select"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state = backend.recompute(context_ids, context, sorted(set(in_place) | set(chosen)),
+                              query_ids)
+    timings["recompute"] = time.perf_counter() - t0
+    return state, chosen
+
+
+def licence(gate: SupportGate, info: ModelInfo, kind: ChunkKind, languages: frozenset[str],
+            context_tokens: int) -> Verdict:
+    """The gate's verdict on composing chunks of ``kind`` (of ``languages``, in a context of
+    ``context_tokens``) for this model on its engine: by the evidence of their workload."""
+    asked = GateRequest(info.fingerprint, languages, context_tokens)
+    return gate.verdict(info.family, workload_of(kind), info.engine, asked)
+
+
+def supported_rule(backend: Backend, verdicts: list[Verdict]) -> tuple[str, float, str | None]:
+    """The rule, ratio and conditioning of the passing ``verdicts`` (several that name
+    different rules: the one recomputing most); where none passed, the default rule, which
+    the gate refuses unless the request is experimental."""
+    allowed = [v for v in verdicts if v.allowed and v.strategy]
+    if not allowed:
+        return default_rule(backend), DEFAULT_RATIO, None
+    chosen = recomputing_most(allowed)
+    return chosen.strategy, chosen.ratio or 0.0, chosen.conditioning
 
 
 def default_rule(backend: Backend) -> str:

@@ -33,15 +33,14 @@ from pathlib import Path
 # What the schema knows of engines and workloads: their torch-free registries.
 from codekv.backends.engines import ENGINES, TRANSFORMERS  # TRANSFORMERS: none named
 from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
-from codekv.eval.methods import GATE_STRATEGIES, Method
-from codekv.eval.registry import WORKLOADS, workload_of
 from codekv.grammars import LANGUAGES
+from codekv.schema import GATE_STRATEGIES, WORKLOADS, ChunkKind, rule_label, workload_of
 from codekv.selection import STRATEGIES as SELECTION
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
 SHIPPED = "codekv/data/support.json"
 # The workload whose tasks are code chunks: its entries name their languages.
-CODE_WORKLOAD = workload_of("code")
+CODE_WORKLOAD = workload_of(ChunkKind.CODE)
 # What a code chunk's language can be: a grammar's name, or "text" (a file no grammar parses).
 CHUNK_LANGUAGES = (*LANGUAGES, "text")
 # A support file is a few kilobytes; more than this is not one (and /dev/zero never ends).
@@ -599,8 +598,7 @@ def _rule_problems(entry: dict, engine, licenses: bool) -> list[str]:
                         + ", ".join(CONDITIONINGS))
     method = entry.get("method")
     if licenses and isinstance(method, str) and rule is not None and not problems:
-        label = Method(strategy, ratio or 0.0,
-                       conditioning=conditioning or DEFAULT_CONDITIONING).label
+        label = rule_label(strategy, ratio or 0.0, conditioning or DEFAULT_CONDITIONING)
         if method != label:
             problems.append(f"method {method!r} is not its rule {label!r}")
     return problems

@@ -380,7 +380,7 @@ def test_a_state_entry_without_its_token_count_is_recomputed_and_replaced(tiny_l
     comp = composer(tiny_llama, tmp_path, store=store)
     first = comp.compose([A, B], QUERY, strategy="all")
     piece = comp._piece(A)
-    key = comp.chunk_key(piece, tiny_llama.leading_ids)  # computed after the BOS alone
+    key = comp.chunks.key(piece, tiny_llama.leading_ids)  # computed after the BOS alone
     entry = store.get(key)
     damage(entry.provenance)
     store.reject(key)

@@ -181,7 +181,7 @@ def test_a_changed_model_never_reuses_entries(tiny_backend, tmp_path, change):
     assert old.compose([A, B], QUERY, strategy="all").report.chunk_hits == 2  # control
     new = make_composer(tiny_backend("llama", **change), tmp_path)
     assert new.scope == old.scope and new.store.root == old.store.root
-    assert new._key(new._piece(A), []) != old._key(old._piece(A), [])
+    assert new.chunks.key(new._piece(A), []) != old.chunks.key(old._piece(A), [])
     result = new.compose([A, B], QUERY, strategy="all")
     assert (result.report.chunk_hits, result.report.chunk_misses) == (0, 2)
     assert len(entry_files(tmp_path)) == 4  # new entries beside the old ones
@@ -331,9 +331,9 @@ def test_store_hits_land_on_the_model_device(tiny_backend, tmp_path, monkeypatch
     backend = tiny_backend("llama")
     composer = make_composer(backend, tmp_path)
     piece = composer._piece(A)
-    composer._chunk_kv(piece, composer._key(piece, []), [])
+    composer.chunks.kv(piece, [])
     monkeypatch.setattr(backend, "device", torch.device("meta"))
-    kv, hit = composer._chunk_kv(piece, composer._key(piece, []), [])
+    kv, hit = composer.chunks.kv(piece, [])
     assert hit and {t.device.type for t in (*kv.keys, *kv.values)} == {"meta"}
 
 
@@ -612,3 +612,44 @@ def test_a_model_without_a_bos_is_as_before(tiny_backend, tmp_path):
     assert backend.leading_ids == []
     result = make_composer(backend, tmp_path).compose([C], QUERY, strategy="none")
     assert result.token_ids == backend.tokenize(C.text + "\n") + backend.tokenize(QUERY)
+
+
+def test_the_server_composes_a_request_as_the_composer_does(tiny_backend, tmp_path):
+    """One composition path: the server's pipeline, given the Composer's request as a prompt
+    (its prefix kept by an earlier prompt, its chunks as the prompt's segments, the store
+    holding their KV), builds the very same KV, logits and counts."""
+    from codekv.serve import segments as seg
+    from codekv.serve.engine import Engine, Outcome
+
+    backend = tiny_backend("llama")
+    composer = make_composer(backend, tmp_path, scope="agent")
+    rule = {"strategy": "query", "ratio": 0.3}
+    composer.compose([A, B, C], QUERY, prefix=PREFIX, **rule)  # the store now holds the chunks
+    result = composer.compose([A, B, C], QUERY, prefix=PREFIX, **rule)
+    assert result.status == COMPOSED and result.report.store_hits == 3
+    request = composer.build_request([A, B, C], QUERY, PREFIX)
+    ids, n = request.token_ids, len(request.prefix_ids)
+    segments, start = [], n
+    for piece in request.pieces:
+        segments.append(seg.Segment(start, start + len(piece.ids), piece.kind, piece.identity))
+        start += len(piece.ids)
+    engine = Engine(backend, composer.store, composer.gate, experimental=True,
+                    min_segment_tokens=1, **rule)
+    try:
+        prefix_kv = backend.prefill_chunk(request.prefix_ids)  # what an earlier prompt left
+        engine.prefix.put("agent", request.prefix_ids, prefix_kv, prefix_kv.nbytes())
+        outcome = Outcome(prompt_tokens=len(ids))
+        state, pending = engine._prefill("agent", ids, segments, n, outcome)
+    finally:
+        engine.close()
+    report = result.report
+    assert (outcome.status, outcome.segments_reused, pending) == (COMPOSED, 3, [])
+    assert (outcome.strategy, outcome.ratio) == (report.strategy, report.ratio)
+    assert (outcome.exact_prefix_tokens, outcome.recomputed_tokens, outcome.reused_tokens) == (
+        report.prefix_tokens, report.recomputed_tokens, report.reused_tokens)
+    assert 0 < report.recomputed_tokens < report.context_tokens - n
+    served, composed = backend.state_kv(state, len(ids)), backend.state_kv(result.state, len(ids))
+    for ours, theirs in zip(served.keys + served.values, composed.keys + composed.values,
+                            strict=True):
+        assert torch.equal(ours, theirs)
+    assert torch.equal(state.logits, result.next_token_logits())

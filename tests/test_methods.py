@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 import pytest
 
+from codekv import schema
 from codekv.conditioning import CONDITIONINGS
 from codekv.eval import command, methods
 from codekv.selection import STRATEGIES
@@ -39,7 +40,7 @@ def test_evaluated_strategies_come_from_the_selection_registry():
     """Every registered strategy is evaluated except the one that is full prefill at a
     higher cost; the gate may pick all of those but the baseline without re-positioning."""
     assert set(methods.PARTIAL_STRATEGIES) == set(STRATEGIES) - {"all"}
-    assert set(methods.GATE_STRATEGIES) == set(STRATEGIES) - {"all", "none-norope"}
+    assert set(schema.GATE_STRATEGIES) == set(STRATEGIES) - {"all", "none-norope"}
     assert {m.strategy for m in methods.composition_methods()} == set(methods.PARTIAL_STRATEGIES)
     assert command._names("none,hybrid") == ("none", "hybrid")
     with pytest.raises(click.BadParameter, match="unknown strategies"):
@@ -71,7 +72,7 @@ def test_shift_only_is_an_evaluated_baseline_the_gate_never_picks():
                                            ("prefix", "none"))
     assert [m.label for m in composed] == ["shift-only", "none", "shift-only+none", "none+none"]
     assert command._strategies("shift-only,query@0.15") == ("shift-only", "query@0.15")
-    assert "shift-only" not in methods.GATE_STRATEGIES
+    assert "shift-only" not in schema.GATE_STRATEGIES
     rows = [fake_row("shift-only", speedup=9.0, recompute=0.0),
             fake_row("boundary@0.15", delta=0.2)]
     [entry] = gate_entries(rows, "llama")

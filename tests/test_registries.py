@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import tiny_model_file
 
-from codekv.eval.registry import WORKLOADS, Workload, workload_of
 from codekv.eval.workloads import generate
+from codekv.schema import WORKLOADS, Workload, workload_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ TOY_QUERY = """
 """
 REGISTRY_LINES = '''
 from codekv.backends.engines import Engine, register as register_engine
-from codekv.eval.registry import Workload, register as register_workload
+from codekv.schema import Workload, register as register_workload
 from codekv.grammars import register as register_language
 
 import toy_language

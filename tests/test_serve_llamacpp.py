@@ -171,14 +171,18 @@ def kept_seqs(engine) -> tuple[int, int]:
 @pytest.fixture
 def tiny_engine(tiny_gguf, tmp_path):
     from codekv.gate import SupportGate
-    from codekv.serve.llamacpp_engine import LlamaCppEngine
+    from codekv.serve.engine import Engine
     from codekv.stores.local import LocalKVStore
 
     def make(budget_bytes: int | None = None, store: str = "kv", **options):
         backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
-        engine = LlamaCppEngine(backend, LocalKVStore(tmp_path / store),
-                                SupportGate([], "no evidence"), prefix_budget_bytes=budget_bytes,
-                                **options)
+        try:
+            engine = Engine(backend, LocalKVStore(tmp_path / store),
+                            SupportGate([], "no evidence"), prefix_budget_bytes=budget_bytes,
+                            **options)
+        except ValueError:
+            backend.close()
+            raise
         made.append(engine)
         return engine
 
@@ -195,7 +199,7 @@ PROMPTS = [f"{word} is the word of prompt number {n}, and the rest of it is fill
 
 
 def test_kept_sequences_are_bounded_least_recently_used_out(tiny_engine):
-    from codekv.serve.llamacpp_engine import KEPT_SEQUENCES
+    from codekv.serve.prompt_cache import KEPT_SEQUENCES
 
     engine = tiny_engine()
     assert engine.backend.kept_sequences == KEPT_SEQUENCES < len(PROMPTS)
@@ -235,6 +239,18 @@ def test_kept_cells_stay_within_the_budget(tiny_engine):
     assert served(engine, PROMPTS[0]).exact_prefix_tokens == 0
 
 
+def test_the_prompt_cache_keeps_sequences_and_cuts_no_spans(tiny_engine):
+    """llama.cpp's prompt cache says what it can do: its kept cells are no spans, so the
+    server takes no segment from the last prompt and refuses shift-only reuse."""
+    from codekv.serve.prompt_cache import KeptSequences
+
+    engine = tiny_engine()
+    assert isinstance(engine.prompts, KeptSequences) and engine.recent is None
+    assert not (engine.prompts.supports_last_prompt or engine.prompts.supports_shift)
+    with pytest.raises(ValueError, match="shift-only reuse shifts spans"):
+        tiny_engine(reuse="shift-only")
+
+
 def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_path,
                                                                  monkeypatch):
     """More sequences than llama.cpp allows: the context cannot be made, so ``codekv serve``
@@ -243,7 +259,7 @@ def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_p
 
     from codekv.backends import KeptSequencesError
     from codekv.cli import main
-    from codekv.serve import llamacpp_engine
+    from codekv.serve import prompt_cache
 
     backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
     try:
@@ -255,7 +271,7 @@ def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_p
         backend.close()
 
     monkeypatch.setenv("CODEKV_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(llamacpp_engine, "KEPT_SEQUENCES", 4096)
+    monkeypatch.setattr(prompt_cache, "KEPT_SEQUENCES", 4096)
     result = CliRunner().invoke(main, ["serve", "--backend", "llama.cpp", "--model",
                                        str(tiny_gguf), "--store", str(tmp_path / "kv")])
     assert result.exit_code == 1, result.output
@@ -319,7 +335,7 @@ def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):
     assert outcomes[1].stored_tokens == outcomes[0].stored_tokens + system_tokens
     # Each store's entry for the block, placed after the system message: the same
     # prediction (and full prefill's).
-    from codekv.compose import RequestPiece
+    from codekv.request import RequestPiece
     from codekv.serve import segments as seg
 
     spans = seg.prompt_spans(first.text, first.contents, [], frozenset(), seg.CodeSplitter())
@@ -329,7 +345,7 @@ def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):
     context = system + piece.ids
     predictions = []
     for engine in (kept, again):
-        kv, hit = engine._composer("test").chunk_kv(piece, system)
+        kv, hit = engine._chunks("test").kv(piece, system)
         assert hit and (kv.start, kv.n_tokens) == (system_tokens, len(piece.ids))
         parts = [kept.backend.prefill_chunk(system), kv]
         predictions.append(kept.backend.recompute(context, parts, [], query).logits)

@@ -70,10 +70,21 @@ def test_a_dropped_message_shifts_the_rest_an_inserted_one_ends_the_reuse(shift_
     assert appended["exact_prefix_tokens"] >= inserted["prompt_tokens"] - 1
 
 
-def test_shift_only_refuses_another_engine():
+def test_shift_only_needs_a_prompt_cache_that_shifts(monkeypatch):
+    """The server asks the engine's prompt cache what it can do, never the engine's name: one
+    whose kept prompts cannot be cut into spans refuses shift-only reuse at start."""
     from types import SimpleNamespace
 
-    from codekv.serve.shift import ShiftSlots
+    from codekv.serve import engine as serve_engine
+    from codekv.serve.prefix import ExactPrefixLRU
+    from codekv.serve.prompt_cache import KVPrompts, PromptCache
 
-    with pytest.raises(ValueError, match="transformers engine, not llama.cpp"):
-        ShiftSlots(SimpleNamespace(info=SimpleNamespace(engine="llama.cpp")), 32, 1 << 20)
+    class Unshifting(PromptCache):
+        def __init__(self, backend, budget_bytes):
+            self.prefix = ExactPrefixLRU(1 << 20)
+
+    assert KVPrompts.supports_shift and not Unshifting.supports_shift
+    monkeypatch.setattr(serve_engine, "prompt_cache", Unshifting)
+    backend = SimpleNamespace(info=SimpleNamespace(engine="toy"))
+    with pytest.raises(ValueError, match="shift-only reuse shifts spans"):
+        serve_engine.Engine(backend, None, None, reuse="shift-only")

@@ -669,7 +669,7 @@ def _planted(composer, passage, make):
     """Replace the stored entry of ``passage`` by ``make(entry)``, checksum and all: what any
     writer of the scope can do."""
     piece = composer._piece(passage)
-    key = composer._key(piece, [])
+    key = composer.chunks.key(piece, [])
     store = composer.store
     entry = store.get(key)
     store._client.delete(store._entry_key(key))

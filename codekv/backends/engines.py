@@ -32,6 +32,9 @@ class Engine:
     # words: the support gate reads it without loading the engine; the backend refuses the same
     # rules (``deviation_refusal`` / ``relevance_refusal``; tests/test_gate.py checks they agree).
     unserved: tuple[tuple[str, str], ...] = ()
+    # How ``codekv serve`` keeps recent prompts on it: "module:class", a
+    # ``codekv.serve.prompt_cache.PromptCache`` taking ``(backend, budget_bytes)``.
+    prompt_cache: str = "codekv.serve.prompt_cache:KVPrompts"
 
     def load(self, model: Path, dtype: str = "float32", device: str | None = None):
         module, _, function = self.loader.partition(":")
@@ -48,4 +51,5 @@ def register(engine: Engine) -> Engine:
 
 register(Engine(TRANSFORMERS, "codekv.backends.hf_loader:load", ("gguf", "hf-directory")))
 register(Engine(LLAMA_CPP, "codekv.backends.llamacpp_loader:load", ("gguf",),
-                unserved=(("needs_deviation", "per-token KV deviation"),)))
+                unserved=(("needs_deviation", "per-token KV deviation"),),
+                prompt_cache="codekv.serve.prompt_cache:KeptSequences"))

@@ -27,7 +27,7 @@ _EXPORTS = {
     "Thresholds": "codekv.eval.support",
     "failures": "codekv.eval.support",
     "gate_entries": "codekv.eval.support",
-    "WORKLOADS": "codekv.eval.registry",
+    "WORKLOADS": "codekv.schema",
     "Task": "codekv.eval.workloads",
     "generate": "codekv.eval.workloads",
 }

@@ -21,8 +21,8 @@ from codekv.eval.methods import (
     composition_methods,
 )
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
-from codekv.eval.registry import OTHER_REPOS, WORKLOADS
 from codekv.grammars import LANGUAGES
+from codekv.schema import OTHER_REPOS, WORKLOADS
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:

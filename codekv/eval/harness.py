@@ -13,11 +13,11 @@ from codekv.backends.engines import TRANSFORMERS
 from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval import methods, preflight, reuse, runner
 from codekv.eval.measures import Measure, ResultRow
-from codekv.eval.registry import WORKLOADS
 from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import CodeSource, generate
+from codekv.schema import WORKLOADS
 
 # --quick: few tasks, one ratio, one KV budget, short contexts - minutes on two cores.
 QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,

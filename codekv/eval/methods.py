@@ -36,14 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from codekv.conditioning import DEFAULT_CONDITIONING
+from codekv.schema import rule_name
 from codekv.selection import STRATEGIES as SELECTION
 
 FULL = "full"  # the reference: full prefill of the same tokens
 # The rules evaluated at recompute ratios: every selection rule but the one that recomputes all.
 PARTIAL_STRATEGIES = tuple(name for name, cls in SELECTION.items() if not cls.recomputes_all)
-# What a request may be composed with, so what the gate may pick: not the baseline that skips
-# re-positioning (it only shows the damage).
-GATE_STRATEGIES = tuple(name for name in PARTIAL_STRATEGIES if SELECTION[name].reposition)
 # The evaluation's own baseline (``codekv.eval.runner.Composition``): the strategy ``none``
 # over the chunks in the previous request's order (``runner.reordered``).
 SHIFT_ONLY = "shift-only"
@@ -91,13 +89,6 @@ def ratio_free(strategy: str) -> bool:
     return strategy == SHIFT_ONLY or SELECTION[strategy].ratio_free
 
 
-def rule_name(strategy: str, conditioning: str, kind: str = "composition") -> str:
-    """The strategy, with the conditioning when it is not the default (``query+graph``)."""
-    if kind == "composition" and conditioning != DEFAULT_CONDITIONING:
-        return f"{strategy}+{conditioning}"
-    return strategy
-
-
 @dataclass(frozen=True)
 class Method:
     """One row of the evaluation: a strategy, pruning rule or peer variant at one ratio;
@@ -110,7 +101,8 @@ class Method:
 
     @property
     def rule(self) -> str:
-        return rule_name(self.strategy, self.conditioning, self.kind)
+        return (rule_name(self.strategy, self.conditioning) if self.kind == "composition"
+                else self.strategy)
 
     @property
     def label(self) -> str:

@@ -29,8 +29,9 @@ import torch
 from transformers import DynamicCache
 
 from codekv.backends.hf import HFRequest
-from codekv.compose import ComposeResult, Report
+from codekv.compose import ComposeResult
 from codekv.eval.methods import PEERS, Method
+from codekv.request import Report
 
 PEER = "peer"  # a result's status: neither exact-prefix nor composed by codekv
 KVBOOST_VERSION = "0.9.0"

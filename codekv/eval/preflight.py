@@ -62,7 +62,7 @@ def check_positions(config, positions: int | None, prefix_tokens: int = 0) -> No
 
 def check_tasks(config, workload: str, made: int) -> None:
     """Refuse a workload that could make no task: nothing would be measured."""
-    from codekv.eval.registry import WORKLOADS
+    from codekv.schema import WORKLOADS
 
     if made or not config.tasks:
         return

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from codekv.compose import IDENTIFIER, Report
+from codekv.compose import IDENTIFIER
 from codekv.eval.methods import RULES, Method
+from codekv.request import Report
 from codekv.selection import Segment, SelectionContext
 from codekv.selection.anchors import anchor_positions
 

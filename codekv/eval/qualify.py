@@ -30,8 +30,8 @@ from pathlib import Path
 from codekv import gitrepo, paths
 from codekv.backends.engines import TRANSFORMERS
 from codekv.eval.methods import PARTIAL_STRATEGIES, composition_methods, split_entry
-from codekv.eval.registry import WORKLOADS
 from codekv.eval.support import Thresholds
+from codekv.schema import WORKLOADS
 
 # Beside the rules that passed for the default model: the cheapest re-positioning rule and
 # the one that recomputes nothing, so the grid always has a cheap candidate and a floor.

@@ -15,8 +15,8 @@ from rich.table import Table
 
 from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
-from codekv.eval.registry import WORKLOADS
 from codekv.grammars import LANGUAGES
+from codekv.schema import WORKLOADS
 
 CHECKPOINTED = "(from the checkpoint)"  # how the runner names a task read back from one
 

@@ -8,8 +8,9 @@ from statistics import fmean, median, stdev
 
 from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval.measures import ResultRow
-from codekv.eval.methods import SHIFT_ONLY, rule_name
+from codekv.eval.methods import SHIFT_ONLY
 from codekv.eval.stats import bootstrap_ci, paired_difference
+from codekv.schema import rule_name
 
 # Rules are compared with these baselines, at the same ratio, on the same tasks; ``query``
 # so that its variants (``query-cost``, ``query-anchors``) show what their addition does.
@@ -102,7 +103,7 @@ def aggregate(measures) -> list[ResultRow]:
 
 
 def _rule(m) -> str:
-    return rule_name(m.strategy, m.conditioning, m.kind)
+    return rule_name(m.strategy, m.conditioning) if m.kind == "composition" else m.strategy
 
 
 def comparisons(measures, baselines: tuple[str, ...] = BASELINES) -> list[dict]:

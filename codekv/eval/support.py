@@ -24,7 +24,6 @@ from pathlib import Path
 from codekv.backends.engines import TRANSFORMERS
 from codekv.chunks import Chunk
 from codekv.eval.measures import ResultRow
-from codekv.eval.methods import GATE_STRATEGIES
 from codekv.gate import (
     CODE_WORKLOAD,
     UnreadableSupportFile,
@@ -35,6 +34,7 @@ from codekv.gate import (
     read_support_text,
     same_requests,
 )
+from codekv.schema import GATE_STRATEGIES
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
                  "decisive_agreement", "near_ties", "edit_similarity", "score_drop",

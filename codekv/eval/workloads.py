@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 from codekv import gitrepo
 from codekv.chunks import Chunk
-from codekv.compose import Passage
-from codekv.eval.registry import WORKLOADS
 from codekv.eval.tooldocs import ToolDoc, tool_docs
 from codekv.grammars import LANGUAGES, TaskSyntax
+from codekv.request import Passage
+from codekv.schema import WORKLOADS, ChunkKind
 
 FUNCTION_KINDS = ("function", "method")
 Counter = Callable[[str], int]
@@ -80,7 +80,7 @@ def length(context_tokens: int, rng: random.Random) -> int:
 def generate(workload: str, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
              index=None, max_query_tokens: int = 256,
              languages: tuple[str, ...] | None = None) -> list[Task]:
-    """``n`` tasks of a registered workload (``codekv.eval.registry``); ``languages``: which
+    """``n`` tasks of a registered workload (``codekv.schema``); ``languages``: which
     languages' code a workload drawn by language takes (default: all the index has)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
@@ -344,7 +344,7 @@ def doc_passages(passage_tokens: int = 256, count: Counter = approx_tokens) -> t
 
 
 def _passage(topic: str, title: str, number: int, paragraphs: list[str]) -> Passage:
-    return Passage(f"{title}\n\n" + "\n\n".join(paragraphs), f"{topic}#{number}", "passage")
+    return Passage(f"{title}\n\n" + "\n\n".join(paragraphs), f"{topic}#{number}", ChunkKind.PASSAGE)
 
 
 def _fill_passages(required: list[Passage], pool, context_tokens: int, count: Counter,
@@ -419,7 +419,7 @@ def _quote(passage: Passage, corpus: str, rng: random.Random) -> tuple[str, str]
 
 # -- tool-docs -------------------------------------------------------------------------------
 def tool_passage(doc: ToolDoc) -> Passage:
-    return Passage(f"$ {doc.command} --help\n{doc.text}", doc.command, "tool-doc")
+    return Passage(f"$ {doc.command} --help\n{doc.text}", doc.command, ChunkKind.TOOL_DOC)
 
 
 def _describe(help_text: str) -> str:

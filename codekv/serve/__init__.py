@@ -1,7 +1,8 @@
 """``codekv serve``: an OpenAI-compatible server that reuses what clients re-send.
 
 ``app`` holds the HTTP routes, ``engine`` the request pipeline on the warm model, ``prefix``
-the exact-prefix cache of recent prompts, ``segments`` how a prompt's reusable segments are
+the exact-prefix cache of recent prompts, ``prompt_cache`` how each engine keeps them and what
+it can do with them, ``segments`` how a prompt's reusable segments are
 found, classed and keyed, ``shift`` the shift-only baseline (llama-server's cache reuse), and
 ``command`` the command line.
 """

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from codekv.backends.engines import ENGINES, LLAMA_CPP, TRANSFORMERS
+from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.cli_types import StoreParam
 from codekv.selection import STRATEGIES
 from codekv.serve import COMPOSE, REUSE_MODES
@@ -130,15 +130,11 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
     except ModelLoadError as error:
         raise click.ClickException(str(error)) from error
     gate = SupportGate.load()
-    pipeline_class = Engine
-    if backend.info.engine == LLAMA_CPP:  # the exact prefix in llama.cpp's own sequences
-        from codekv.serve.llamacpp_engine import LlamaCppEngine as pipeline_class
     try:
-        pipeline = pipeline_class(backend, kv_store, gate, experimental=experimental,
-                                  strategy=strategy, ratio=ratio,
-                                  min_segment_tokens=min_segment_tokens, known_code=known_code,
-                                  max_queue=max_queue, prefix_budget_bytes=prefix_cache_mb << 20,
-                                  reuse=reuse)
+        pipeline = Engine(backend, kv_store, gate, experimental=experimental,
+                          strategy=strategy, ratio=ratio, min_segment_tokens=min_segment_tokens,
+                          known_code=known_code, max_queue=max_queue,
+                          prefix_budget_bytes=prefix_cache_mb << 20, reuse=reuse)
     except KeptSequencesError as error:  # llama.cpp allocates the kept prompts' cells up front
         raise click.ClickException(f"{error}: give a smaller --prefix-cache-mb (0 keeps no "
                                    "recent prompts)") from error

@@ -37,27 +37,16 @@ from dataclasses import dataclass, field
 import torch
 
 from codekv.backends import rule_refusal
-from codekv.backends.engines import TRANSFORMERS
-from codekv.compose import (
-    AUTO,
-    COMPOSED,
-    DEFAULT_RATIO,
-    EXACT_PREFIX,
-    FULL_PREFILL,
-    Composer,
-    RequestPiece,
-    default_rule,
-    query_probe_layers,
-    recomputing_most,
-)
-from codekv.eval.registry import workload_of
-from codekv.gate import GateRequest, SupportGate
+from codekv.chunk_cache import ChunkCache
+from codekv.compose import AUTO, DEFAULT_RATIO, compose_state, licence, supported_rule
+from codekv.gate import SupportGate
+from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL, RequestPiece
+from codekv.schema import ChunkKind
 from codekv.selection import Segment as SelectionSegment
-from codekv.selection import SelectionContext
 from codekv.selection import strategy as make_strategy
 from codekv.serve import COMPOSE, EXACT_ONLY, REUSE_MODES, SHIFT_ONLY
 from codekv.serve import segments as seg
-from codekv.serve.prefix import ExactPrefixLRU
+from codekv.serve.prompt_cache import prompt_cache
 from codekv.serve.recent import RecentPrompts
 from codekv.serve.shift import ShiftSlots
 
@@ -175,32 +164,23 @@ class Engine:
         self.min_segment_tokens = min_segment_tokens
         self.known_code = known_code
         self.split_code = seg.CodeSplitter()
-        self.prefix = self._exact_prefix_cache(prefix_budget_bytes)
+        self.prompts = prompt_cache(backend, prefix_budget_bytes)
+        self.prefix = self.prompts.prefix
+        if reuse == SHIFT_ONLY and not self.prompts.supports_shift:
+            raise ValueError(f"shift-only reuse shifts spans of kept prompts into place, which "
+                             f"{backend.info.engine} keeps in cells that cannot be cut out")
         self.reuse = reuse
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
                       if reuse == SHIFT_ONLY else None)
         self.recent = (RecentPrompts(backend, self.prefix.budget_bytes)
-                       if reuse == COMPOSE and backend.info.engine == TRANSFORMERS else None)
-        self._composers: dict[str, Composer] = {}
+                       if reuse == COMPOSE and self.prompts.supports_last_prompt else None)
+        self._chunk_caches: dict[str, ChunkCache] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.busy = False
         self.cancelled = 0  # requests whose client left before their reply was done
         self._worker = threading.Thread(target=self._run, name="codekv-serve-worker",
                                         daemon=True)
         self._worker.start()
-
-    # -- the exact-prefix cache: how this engine keeps recent prompts' KV --------------------
-    def _exact_prefix_cache(self, budget_bytes: int | None) -> ExactPrefixLRU:
-        return ExactPrefixLRU(budget_bytes) if budget_bytes is not None else ExactPrefixLRU()
-
-    def _prefix_part(self, kept, n: int):
-        """The first ``n`` tokens of a kept prompt as the first part of a request."""
-        return self.backend.head(kept, n)
-
-    def _keep_prefix(self, scope: str, ids: list[int], state) -> None:
-        """Keep the state's first ``len(ids)`` tokens (exact KV) for later prompts."""
-        kv = self.backend.state_kv(state, len(ids))
-        self.prefix.put(scope, ids, kv, kv.nbytes())
 
     # -- the queue -----------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -264,9 +244,9 @@ class Engine:
             outcome.continuation_nll = []
         finish, count = self._generate(state, job, forced, outcome)
         job.emit(("done", finish, count))
-        composer = self._composer(job.scope)
+        chunks = self._chunks(job.scope)
         for piece, after, after_kv in pending:  # for next time, once the reply is out
-            composer.chunk_kv(piece, after, after_kv=after_kv)
+            chunks.kv(piece, after, after_kv=after_kv)
         if self.recent is not None and not backend.info.unsupported:
             # The exact-prefix cache holds the whole prompt when it was exact: no second copy.
             kept = self.prefix.holding(job.scope, ids)
@@ -274,20 +254,17 @@ class Engine:
                                  backend.head(kept, len(ids)) if kept is not None
                                  else backend.state_kv(state, len(ids)))
 
-    def _composer(self, scope: str) -> Composer:
-        if scope not in self._composers:
-            self._composers[scope] = Composer(self.backend, store=self.store, scope=scope,
-                                              gate=self.gate, experimental=self.experimental)
-        return self._composers[scope]
+    def _chunks(self, scope: str) -> ChunkCache:
+        """The scope's chunk KV cache: the keys and KV of its prompts' segments."""
+        if scope not in self._chunk_caches:
+            self._chunk_caches[scope] = ChunkCache(self.backend, self.store, scope)
+        return self._chunk_caches[scope]
 
     def _verdict(self, segment: seg.Segment, prompt_tokens: int):
         """The gate's verdict on a segment's class, for this model, the segment's language
         and the prompt's length."""
-        info = self.backend.info
-        asked = GateRequest(info.fingerprint,
-                            frozenset([segment.language] if segment.language else []),
-                            prompt_tokens)
-        return self.gate.verdict(info.family, workload_of(segment.kind), info.engine, asked)
+        return licence(self.gate, self.backend.info, segment.kind,
+                       frozenset([segment.language] if segment.language else []), prompt_tokens)
 
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
                  system_tokens: int, outcome: Outcome):
@@ -300,7 +277,7 @@ class Engine:
         n = self._before_segment(segments, n, len(ids))
         if n <= len(backend.leading_ids):  # a BOS alone is no shared prefix
             n = 0
-        composer = self._composer(scope)
+        chunks = self._chunks(scope)
         again = self._again(scope, ids, n)
         candidates = [s for s in segments if s.start >= (again.end if again else n)]
         outcome.segments = len(candidates) + (again is not None)
@@ -332,7 +309,7 @@ class Engine:
         for segment, verdict in licensed:
             p = piece(segment)
             earlier = self.recent.find(scope, p.ids) if self.recent is not None else None
-            in_store = self.store.contains(composer.chunk_key(p, after(segment)))
+            in_store = self.store.contains(chunks.key(p, after(segment)))
             if earlier is not None or in_store:
                 hits.append((segment, verdict, p, earlier))
             if not in_store:  # for other scopes' prompts, and this one's beyond its last
@@ -340,14 +317,14 @@ class Engine:
                 if earlier is None:
                     misses.append((segment, p))
         if not backend.info.unsupported and self.reuse == COMPOSE:
-            pending += self._lost_in_prefix(composer, segments, n, len(ids), piece, after)
+            pending += self._lost_in_prefix(chunks, segments, n, len(ids), piece, after)
         if licensed and self.store.error:  # its lookups failed: every segment was a miss
             refusals["store"] = f"the chunk store failed: {self.store.error}"
         outcome.fallback_reason = "; ".join(sorted(set(refusals.values()))) or None
         state, stored = None, []
         if hits:
             try:
-                state, exact = self._compose(composer, ids, n, prefix_kv, hits, after, outcome,
+                state, exact = self._compose(chunks, ids, n, prefix_kv, hits, after, outcome,
                                              misses, system_tokens, stored)
             except Exception as error:  # noqa: BLE001 - any failure falls back, with its reason
                 log.warning("composition failed: %s", error)
@@ -358,7 +335,7 @@ class Engine:
             outcome.reused_tokens = outcome.recomputed_tokens = 0
             outcome.segments_reused = outcome.segments_from_last_prompt = 0
             if n:
-                context = backend.concat([self._prefix_part(prefix_kv, n)])
+                context = backend.concat([self.prompts.part(prefix_kv, n)])
                 state = backend.recompute(ids[:n], context, [], ids[n:])
                 outcome.status = EXACT_PREFIX
             else:
@@ -368,7 +345,7 @@ class Engine:
             outcome.prefilled_tokens = len(ids) - n
             exact = len(ids)
         if exact > 0:  # composed: only the tokens before its first reused segment are exact
-            self._keep_prefix(scope, ids[:exact], state)
+            self.prompts.keep(scope, ids[:exact], state)
         if state is not None and outcome.status == COMPOSED:  # else nothing was stored early
             pending = [(p, after) for p, after in pending if not any(p is s for s in stored)]
         else:
@@ -390,7 +367,7 @@ class Engine:
         end = min(self.recent.common(scope, ids), len(ids) - 1)
         if end - n < self.min_segment_tokens:
             return None
-        return seg.Segment(n, end, "passage", "last-prompt")
+        return seg.Segment(n, end, ChunkKind.PASSAGE, "last-prompt")
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it
@@ -413,9 +390,9 @@ class Engine:
         """The exact KV of ``ids`` as a request's first part where the exact-prefix cache
         keeps all of them (segments stored after them are then computed alone), else None."""
         kept = self.prefix.holding(scope, ids)
-        return None if kept is None else self._prefix_part(kept, len(ids))
+        return None if kept is None else self.prompts.part(kept, len(ids))
 
-    def _lost_in_prefix(self, composer: Composer, segments: list[seg.Segment], n: int,
+    def _lost_in_prefix(self, chunks: ChunkCache, segments: list[seg.Segment], n: int,
                         prompt_tokens: int, piece, after) -> list:
         """Licensed segments (partly) inside the exact prefix that the store lacks (their entry
         evicted or their write failed since an earlier request): served by the prefix, never
@@ -427,7 +404,7 @@ class Engine:
                                           or self._verdict(segment, prompt_tokens).allowed):
                 continue
             p = piece(segment)
-            if not self.store.contains(composer.chunk_key(p, after(segment))):
+            if not self.store.contains(chunks.key(p, after(segment))):
                 if self.store.error:
                     return []
                 lost.append((p, after(segment)))
@@ -436,19 +413,16 @@ class Engine:
     def _rule(self, verdicts) -> tuple[str, float]:
         if self.strategy != AUTO:
             return self.strategy, DEFAULT_RATIO if self.ratio is None else self.ratio
-        allowed = [v for v in verdicts if v.allowed and v.strategy]
-        if not allowed:  # experimental, without evidence: the first default rule that runs
-            return default_rule(self.backend), DEFAULT_RATIO
-        chosen = recomputing_most(allowed)
-        return chosen.strategy, chosen.ratio or 0.0
+        # Experimental, without evidence: the first default rule that runs.
+        return supported_rule(self.backend, verdicts)[:2]
 
-    def _compose(self, composer: Composer, ids, n, prefix_kv, hits, after, outcome: Outcome,
+    def _compose(self, chunks: ChunkCache, ids, n, prefix_kv, hits, after, outcome: Outcome,
                  misses: list, system_tokens: int, stored: list):
         """The composed state and how many of its first tokens are exact. New segments between
         reused ones (``misses``) are computed once for the store and placed from that (``stored``
         lists them)."""
         backend = self.backend
-        system_kv = (self._prefix_part(prefix_kv, system_tokens)
+        system_kv = (self.prompts.part(prefix_kv, system_tokens)
                      if 0 < system_tokens <= n else None)
         name, ratio = self._rule([verdict for _, verdict, _, _ in hits])
         selection = make_strategy(name)
@@ -457,7 +431,7 @@ class Engine:
             raise RuntimeError(f"strategy {name}: {refusal}")
         reused, kvs = [], []
         for segment, _, p, earlier in hits:
-            kv, hit = (earlier, True) if earlier is not None else composer.chunk_kv(
+            kv, hit = (earlier, True) if earlier is not None else chunks.kv(
                 p, after(segment))
             if hit:
                 reused.append(segment)
@@ -466,7 +440,7 @@ class Engine:
         if not reused:
             raise RuntimeError("the stored segments could not be read")
         end = max(s.end for s in reused)
-        parts = [self._prefix_part(prefix_kv, n)] if n else []
+        parts = [self.prompts.part(prefix_kv, n)] if n else []
         cursor = n
         computed: list[int] = []  # positions computed in place
         blank: list[int] = []  # of those, the ones held by placeholders until then
@@ -474,38 +448,20 @@ class Engine:
             if segment.end > end:
                 break
             if segment.start > cursor:  # the text between: computed in place
-                parts += self._between(composer, ids, cursor, segment.start, misses, after,
+                parts += self._between(chunks, ids, cursor, segment.start, misses, after,
                                        system_kv, stored, blank)
                 computed += range(cursor, segment.start)
             parts.append(backend.reposition(kv, segment.start))
             if not hit:
                 computed += range(segment.start, segment.end)
             cursor = segment.end
-        context = backend.concat(parts)
         context_ids, query_ids = ids[:end], ids[end:]
         hit_tokens = sum(s.length for s in reused)
-        relevance_cache: list[torch.Tensor] = []
-
-        def relevance() -> torch.Tensor:
-            if not relevance_cache:
-                layers = query_probe_layers(backend.info.n_layers)
-                relevance_cache.append(backend.query_relevance(context, query_ids[-PROBE_TOKENS:],
-                                                               layers, blank))
-            return relevance_cache[0]
-
-        def deviation() -> torch.Tensor:
-            return backend.kv_deviation(context_ids, context)
-
-        query_text = backend.detokenize(query_ids)
-        selection_context = SelectionContext(
-            end, n, [SelectionSegment(s.start, s.length) for s in reused],
-            round(ratio * hit_tokens), deviation, frozenset(IDENTIFIER.findall(query_text)),
-            relevance if query_ids else None, backend.info.key_cost,
-        )
-        inside = {p for s in reused for p in range(s.start, s.end)}
-        chosen = sorted(set(selection.select(selection_context)) & inside)
-        state = backend.recompute(context_ids, context, sorted(set(computed) | set(chosen)),
-                                  query_ids)
+        state, chosen = compose_state(
+            backend, context_ids, parts, [SelectionSegment(s.start, s.length) for s in reused],
+            query_ids, selection, ratio, prefix_length=n,
+            query_names=frozenset(IDENTIFIER.findall(backend.detokenize(query_ids))),
+            in_place=computed, placeholders=blank, probe_tokens=PROBE_TOKENS)
         outcome.status = COMPOSED
         outcome.strategy, outcome.ratio = name, ratio
         outcome.exact_prefix_tokens = n
@@ -515,7 +471,7 @@ class Engine:
         outcome.segments_reused = len(reused)
         return state, reused[0].start
 
-    def _between(self, composer: Composer, ids, start: int, end: int, misses, after, system_kv,
+    def _between(self, chunks: ChunkCache, ids, start: int, end: int, misses, after, system_kv,
                  stored: list, blank: list[int]) -> list:
         """KV standing for the text ``[start, end)`` between reused segments until it is
         computed in place: the engine's placeholder (``blank`` lists its positions). Where
@@ -539,7 +495,7 @@ class Engine:
                 continue
             if segment.start > cursor:
                 placeholder(cursor, segment.start)
-            kv, _ = composer.chunk_kv(p, context, after_kv=system_kv if context else None)
+            kv, _ = chunks.kv(p, context, after_kv=system_kv if context else None)
             parts.append(backend.reposition(kv, segment.start))
             stored.append(p)
             cursor = segment.end

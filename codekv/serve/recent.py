@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from codekv.backends.engines import TRANSFORMERS
 from codekv.serve.prefix import common_length
 
 
@@ -38,11 +37,10 @@ class LastPrompt:
 
 
 class RecentPrompts:
+    """The scope's last prompts, on a backend whose prompt cache ``supports_last_prompt``
+    (``codekv.serve.prompt_cache``)."""
+
     def __init__(self, backend, budget_bytes: int):
-        # Only the transformers engine takes a span out of a kept KV (``HFBackend.span``).
-        if backend.info.engine != TRANSFORMERS:
-            raise ValueError(f"reuse from the last prompt runs on the transformers engine, not "
-                             f"{backend.info.engine}")
         self.backend = backend
         self.budget_bytes = budget_bytes
         self.prompts: OrderedDict[str, LastPrompt] = OrderedDict()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from codekv.analysis import Analyzer
 from codekv.chunks import DEFAULT_BUDGET
 from codekv.grammars import LANGUAGES, language_for_path
+from codekv.schema import ChunkKind
 from codekv.tokens import CounterSpec, default_counter_spec
 
 MIN_TOKENS = 32  # smaller blocks cost more to look up and place than to compute
@@ -44,7 +45,7 @@ class Span:
 
     start: int
     end: int
-    kind: str  # "code", "passage" or "tool-doc"
+    kind: ChunkKind
     language: str | None = None
 
 
@@ -54,7 +55,7 @@ class Segment:
 
     start: int
     end: int
-    kind: str
+    kind: ChunkKind
     identity: str  # what its stored KV is keyed by, besides its tokens and what came before
     language: str | None = None  # a code segment's, where its fence names one
 
@@ -118,11 +119,12 @@ def content_spans(text: str, start: int, end: int, known_code: frozenset[str],
         body, base = match["body"], start + match.start("body")
         pieces = split(body, language) if split is not None and language is not None else []
         if pieces:
-            spans += [Span(base + first, base + last, "code", language)
+            spans += [Span(base + first, base + last, ChunkKind.CODE, language)
                       for first, last in pieces]
         else:
             code = language is not None or _digest(body) in known_code
-            spans.append(Span(base, base + len(body), "code" if code else "passage", language))
+            kind = ChunkKind.CODE if code else ChunkKind.PASSAGE
+            spans.append(Span(base, base + len(body), kind, language))
         cursor = match.end()
     if cursor < len(content):
         spans.append(_text_span(content, start, cursor, len(content), known_code))
@@ -131,7 +133,7 @@ def content_spans(text: str, start: int, end: int, known_code: frozenset[str],
 
 def _text_span(content: str, base: int, start: int, end: int, known_code: frozenset[str]
                ) -> Span:
-    kind = "code" if _digest(content[start:end]) in known_code else "passage"
+    kind = ChunkKind.CODE if _digest(content[start:end]) in known_code else ChunkKind.PASSAGE
     return Span(base + start, base + end, kind)
 
 
@@ -164,10 +166,10 @@ def prompt_spans(text: str, contents: list[str], tool_docs: list[str],
     for doc in tool_docs:
         at = text.find(doc)
         if at >= 0:
-            spans.append(Span(at, at + len(doc), "tool-doc"))
+            spans.append(Span(at, at + len(doc), ChunkKind.TOOL_DOC))
     # A tool description inside a message's span wins: drop what it overlaps.
-    tools = [s for s in spans if s.kind == "tool-doc"]
-    spans = [s for s in spans if s.kind == "tool-doc"
+    tools = [s for s in spans if s.kind == ChunkKind.TOOL_DOC]
+    spans = [s for s in spans if s.kind == ChunkKind.TOOL_DOC
              or not any(t.start < s.end and s.start < t.end for t in tools)]
     return sorted(spans, key=lambda s: s.start)
 

@@ -18,8 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from codekv.backends.engines import TRANSFORMERS
-from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL
+from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL
 
 SHIFT = "shift"
 
@@ -61,13 +60,10 @@ class Slot:
 
 
 class ShiftSlots:
-    """One slot per scope, least recently used out first beyond ``budget_bytes``."""
+    """One slot per scope, least recently used out first beyond ``budget_bytes``, on a
+    backend whose prompt cache ``supports_shift`` (``codekv.serve.prompt_cache``)."""
 
     def __init__(self, backend, min_run: int, budget_bytes: int):
-        # Only the transformers engine takes a span out of a kept KV (``HFBackend.span``).
-        if backend.info.engine != TRANSFORMERS:
-            raise ValueError(f"shift-only reuse runs on the transformers engine, not "
-                             f"{backend.info.engine}")
         self.backend = backend
         self.min_run = min_run
         self.budget_bytes = budget_bytes

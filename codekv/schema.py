@@ -1,0 +1,97 @@
+"""What the runtime knows of the evidence, importable without torch: the kinds of chunk a
+request holds, the workload whose evidence licenses each kind, and the rules the support gate
+may license.
+
+A new workload is one module with a generator plus one line here; the generator is imported
+only when tasks are made (``codekv eval``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from enum import StrEnum
+
+from codekv.conditioning import DEFAULT_CONDITIONING
+from codekv.selection import STRATEGIES as SELECTION
+
+
+class ChunkKind(StrEnum):
+    """What a request's chunk is: indexed code, a free text passage or a tool's documentation."""
+
+    CODE = "code"
+    PASSAGE = "passage"
+    TOOL_DOC = "tool-doc"
+
+
+OTHER_REPOS, OTHER_SEED = "repos", "seed"  # where held-out tasks are drawn from
+# What a request may be composed with, so what the gate may license: a rule that recomputes a
+# share (not one that recomputes everything: that is full prefill at a higher cost) and
+# re-positions (not the baseline that skips it: it only shows the damage).
+GATE_STRATEGIES = tuple(name for name, cls in SELECTION.items()
+                        if not cls.recomputes_all and cls.reposition)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    # "module:function" taking (n, seed, context_tokens, count, index, max_query_tokens) and
+    # returning a list of ``codekv.eval.workloads.Task``; ``index`` is None unless needed.
+    generator: str
+    # What a request's chunks are when they belong to this workload: the gate licenses them by
+    # this workload's evidence.
+    chunk_kind: ChunkKind
+    needs_index: bool = False  # draws from indexed repositories (``--repo``)
+    # Its tasks are code of a language each: the generator takes ``languages=`` (which ones
+    # to draw; ``--language``) and records each task's ``language``.
+    by_language: bool = False
+    # Where held-out tasks come from: other repositories (OTHER_REPOS) or another seed.
+    held_out_by: str = OTHER_SEED
+
+    def generate(self, n: int, seed: int, context_tokens: int, count, index=None,
+                 max_query_tokens: int = 256, languages: tuple[str, ...] | None = None) -> list:
+        if self.needs_index and index is None:
+            raise ValueError(f"{self.name} needs an index of a repository")
+        module, _, function = self.generator.partition(":")
+        make = getattr(importlib.import_module(module), function)
+        if self.by_language:
+            return make(n, seed, context_tokens, count, index, max_query_tokens,
+                        languages=languages)
+        return make(n, seed, context_tokens, count, index, max_query_tokens)
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+    if workload.held_out_by not in (OTHER_REPOS, OTHER_SEED):
+        raise ValueError(f"{workload.name}: held_out_by must be {OTHER_REPOS!r} or "
+                         f"{OTHER_SEED!r}, not {workload.held_out_by!r}")
+    WORKLOADS[workload.name] = workload
+    return workload
+
+
+def workload_of(chunk_kind: str) -> str:
+    """The workload whose evidence covers chunks of ``chunk_kind``."""
+    for workload in WORKLOADS.values():
+        if workload.chunk_kind == chunk_kind:
+            return workload.name
+    raise KeyError(f"no workload covers {chunk_kind!r} chunks")
+
+
+def rule_name(strategy: str, conditioning: str = DEFAULT_CONDITIONING) -> str:
+    """A composition rule's strategy, with the conditioning when it is not the default."""
+    return strategy if conditioning == DEFAULT_CONDITIONING else f"{strategy}+{conditioning}"
+
+
+def rule_label(strategy: str, ratio: float, conditioning: str = DEFAULT_CONDITIONING) -> str:
+    """How results and the support file name a rule: ``query@0.15``, ``query+graph@0.15``, or
+    ``none`` (a rule that recomputes nothing has no ratio)."""
+    name = rule_name(strategy, conditioning)
+    return name if SELECTION[strategy].ratio_free else f"{name}@{ratio:g}"
+
+
+register(Workload("code-qa", "codekv.eval.workloads:code_qa_tasks", ChunkKind.CODE,
+                  needs_index=True, held_out_by=OTHER_REPOS, by_language=True))
+register(Workload("rag", "codekv.eval.workloads:rag_tasks", ChunkKind.PASSAGE))
+register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", ChunkKind.TOOL_DOC))
