@@ -169,9 +169,10 @@ def test_a_model_on_llama_cpp_is_qualified_for_llama_cpp_only(repo, tiny_gguf):
 
 def test_the_user_file_is_replaced_whole_and_keeps_other_models_entries(monkeypatch):
     def entry(fingerprint, method, languages=("python",)):
-        return {"family": "llama", "workload": "code-qa", "method": method,
+        return {"family": "llama", "workload": "code-qa", "passed": False, "method": method,
                 "covers": {"models": [{"fingerprint": fingerprint, "name": None}],
-                           "languages": list(languages)}}
+                           "languages": list(languages),
+                           "context_tokens": {"min": None, "max": 2048}}}
 
     path = paths.user_support_file()
     qualify.install(path, [entry("a", "none"), entry("b", "none"), entry("a", "none", ["go"])])
