@@ -245,11 +245,9 @@ def qualify_shipped():
 
 
 def test_the_default_grid_is_what_passed_for_the_default_model_plus_baselines():
-    from codekv.eval.support import evidence_passed
-
-    shipped = SupportGate.load(qualify_shipped()).entries
-    passed = {label for entry in shipped if entry["workload"] == "code-qa"
-              for label in evidence_passed(entry)}
+    shipped = [listed.entry for listed in SupportGate.load(qualify_shipped()).listed]
+    passed = {label for entry in shipped if entry.workload == "code-qa"
+              for label in entry.passed_methods()}
     assert "query@0.15" in passed  # the rule the shipped file licenses the default model with
     grid = qualify.default_grid(("code-qa",))
     assert grid[:2] == ("none", "boundary@0.15") and set(grid[2:]) == passed - set(grid[:2])

@@ -229,7 +229,7 @@ def run(options: QualifyOptions, command: str, backend=None,
     """
     from codekv.eval import command as eval_command
     from codekv.eval.harness import count_tasks, evaluate
-    from codekv.eval.support import SupportFileError, evidence_passed, read_support_document
+    from codekv.eval.support import SupportFileError, read_entries, read_support_document
 
     say = status or (lambda text: None)
     user_file = paths.user_support_file()
@@ -261,8 +261,8 @@ def run(options: QualifyOptions, command: str, backend=None,
                                  eval_command.canonical_command(evidence))
         notes = []
         document = read_support_document(staged)
-        passed = [label for entry in document["entries"] for label in evidence_passed(entry)
-                  if entry["workload"] in options.workloads]
+        passed = [label for entry in read_entries(document)
+                  if entry.workload in options.workloads for label in entry.passed_methods()]
         held_out_result = None
         if passed:
             held_out = eval_config(options, drawn.held_out, held_out_seed,

@@ -124,11 +124,9 @@ def _closest(judged) -> tuple[ResultRow, list[str]]:
     return min(judged, key=lambda j: (len(j[1]), _high(j[0].delta_nll_ci)))
 
 
-def evidence_passed(entry: dict) -> list[str]:
-    """The methods that met every threshold on the entry's evidence tasks (none for an entry
-    that is not valid)."""
-    read = _read(entry)
-    return read.passed_methods() if read else []
+def read_entries(document: dict) -> list[SupportEntry]:
+    """The valid entries of a support file's ``document``, read."""
+    return [entry for entry in map(_read, document["entries"]) if entry is not None]
 
 
 def _read(entry: dict) -> SupportEntry | None:
