@@ -185,26 +185,6 @@ class Verdict:
     conditioning: str | None = None  # what the passing rule's chunk KV was computed after
 
 
-@dataclass
-class Listed:
-    """One entry of a support file as the gate holds it: as the file has it (``raw``), read
-    (``entry``; None when it is invalid), what is wrong with it, the file it is in and its
-    number there, and the models whose requests an entry of the user file governs instead."""
-
-    raw: object
-    entry: SupportEntry | None
-    problems: list[str]
-    file: str | None
-    number: int
-    from_user: bool
-    superseded: list[str] = field(default_factory=list)
-
-    @property
-    def said(self) -> Said:
-        """What it says of the requests it rules on (read leniently where it is invalid)."""
-        return Said.of(self.entry) if self.entry else Said.written(self.raw)
-
-
 @dataclass(frozen=True)
 class Said:
     """Which requests an entry rules on, and whom it was measured on, as far as it says: of an
@@ -240,6 +220,23 @@ class Said:
 
 
 MODELS = TypeAdapter(Annotated[list[CoveredModel], Field(min_length=1)])
+
+
+@dataclass
+class Listed:
+    """One entry of a support file as the gate holds it: as the file has it (``raw``), read
+    (``entry``; None when it is invalid), what is wrong with it, what it says of the requests
+    it rules on, the file it is in and its number there, and the models whose requests an
+    entry of the user file governs instead."""
+
+    raw: object
+    entry: SupportEntry | None
+    problems: list[str]
+    said: Said
+    file: str | None
+    number: int
+    from_user: bool
+    superseded: list[str] = field(default_factory=list)
 
 
 class SupportGate:
@@ -424,8 +421,11 @@ class SupportGate:
 def _listed(entries: list, file: str | None, from_user: bool) -> list[Listed]:
     """One file's entries, each read and checked, and those that could both speak for one
     request marked (``_duplicates``)."""
-    listed = [Listed(raw, *checked_entry(raw), file, number, from_user)
-              for number, raw in enumerate(entries, 1)]
+    listed = []
+    for number, raw in enumerate(entries, 1):
+        entry, wrong = checked_entry(raw)
+        said = Said.of(entry) if entry else Said.written(raw)
+        listed.append(Listed(raw, entry, wrong, said, file, number, from_user))
     for number, others in _duplicates(listed).items():
         listed[number].entry = None
         listed[number].problems.append(
@@ -571,9 +571,9 @@ def _rule_problems(entry: SupportEntry) -> list[str]:
             problems.append("it licenses composition but names no strategy")
     else:
         rule = SELECTION[strategy]
-        for need, what in ENGINES[entry.backend].unserved:
+        for need, what in ENGINES[entry.engine].unserved:
             if getattr(rule, need):
-                problems.append(f"strategy {strategy!r} needs {what}, which {entry.backend} "
+                problems.append(f"strategy {strategy!r} needs {what}, which {entry.engine} "
                                 "cannot give")
     ratio_free = rule is not None and rule.ratio_free
     if ratio is None:

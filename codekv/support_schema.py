@@ -84,13 +84,9 @@ _WRONG = object()
 REQUIRED = Field(default=None, validate_default=True)  # missing: a problem, shown as null
 
 
-def _one_of(key: str, values: tuple[str, ...] = ()):
-    """A check that a name is one of the context's ``key`` (or ``values``)."""
-    def fits(value, names: Names | None) -> bool:
-        allowed = values or (getattr(names, key) if names else None)
-        return allowed is None or all(v in allowed for v in
-                                      (value if isinstance(value, list) else [value]))
-    return fits
+def _named(key: str):
+    """A check that a name is one of the context's ``key`` names (any, without a context)."""
+    return lambda value, names: names is None or value in getattr(names, key)
 
 
 Number = StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
@@ -173,22 +169,24 @@ class SupportEntry(_Block):
     context lengths its evidence and held-out runs covered; its fields as ``HeldOut``'s for the
     evidence run, and the rule requests compose with."""
 
-    backend: _described(StrictStr, "is not one of " + ", ".join(ENGINES),
-                        fits=_one_of("engines", tuple(ENGINES))) = TRANSFORMERS
+    # the engine it was measured on (the file's key is "backend"; none: transformers)
+    engine: _described(StrictStr, "is not one of " + ", ".join(ENGINES),
+                       fits=lambda value, _: value in ENGINES) = Field(TRANSFORMERS,
+                                                                       alias="backend")
     family: _described(Annotated[StrictStr, Field(min_length=1)],
                        "is not a model family's name") = REQUIRED
     workload: _described(StrictStr, lambda _, names: "is not one of "
                          + ", ".join(names.workloads if names else ()),
-                         fits=_one_of("workloads")) = REQUIRED
+                         fits=_named("workloads")) = REQUIRED
     passed: Flag = REQUIRED
     held_out: _described(HeldOut | None, "is not an object") = None
     strategy: _described(StrictStr | None, lambda _, names: "is not a rule requests compose "
                          "with; choose from " + ", ".join(names.strategies if names else ()),
-                         fits=_one_of("strategies")) = None
+                         fits=_named("strategies")) = None
     ratio: _described(Annotated[Number, Field(ge=0, le=1, allow_inf_nan=False)] | None,
                       "is not a share from 0 to 1") = None
     conditioning: _described(StrictStr | None, "is not one of " + ", ".join(CONDITIONINGS),
-                             fits=_one_of("conditionings", CONDITIONINGS)) = None
+                             fits=lambda value, _: value in CONDITIONINGS) = None
     covers: Covered = None
     model: Text = None  # the fingerprint of the model it was measured on
     method: Text = None
@@ -206,11 +204,11 @@ class SupportEntry(_Block):
     @property
     def pair(self) -> tuple[str, str, str]:
         """The requests it rules on: (engine, family, workload)."""
-        return self.backend, self.family, self.workload
+        return self.engine, self.family, self.workload
 
     @property
     def name(self) -> str:
-        return pair_name(self.family, self.workload, self.backend)
+        return pair_name(self.family, self.workload, self.engine)
 
     @property
     def licenses(self) -> bool:

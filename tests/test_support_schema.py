@@ -39,6 +39,8 @@ def test_every_problem_is_named_at_its_key_with_the_value_the_file_has():
     assert _problems({"workload": "rag"}) == ["family null is not a model family's name",
                                               "passed null is not true or false"]
     assert _problems("entry") == ['an entry must be an object, not "entry"']
+    assert _problems({**ENTRY, "candidates": [{"passed": True}]}) == [
+        'candidates [{"passed": true}] is not a list of candidates, each with a method']
 
 
 def test_registry_names_are_checked_against_the_names_passed():
@@ -73,7 +75,7 @@ def test_the_shipped_file_reads_whole_and_keeps_every_key_it_has():
     assert SupportFile.problem(data) is None
     for raw in data["entries"]:
         entry = SupportEntry.model_validate(raw)  # no names: tool-docs is not in NAMES
-        assert entry.model_dump(exclude_unset=True) == raw
+        assert entry.model_dump(exclude_unset=True, by_alias=True) == raw
 
 
 @pytest.mark.parametrize(("data", "why"), [

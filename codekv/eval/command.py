@@ -370,7 +370,7 @@ def check_held_out(document: dict | None, config) -> None:
     labels = {m.label for m in composition_methods(config.strategies, config.ratios,
                                                    config.conditioning)}
     entries = [e for e in read_entries(document) if e.workload in config.workloads
-               and e.backend == config.backend and e.passed_methods()]
+               and e.engine == config.backend and e.passed_methods()]
     if not entries:
         raise SupportFileError("nothing to confirm: no entry for " + ", ".join(config.workloads)
                                + f" on {config.backend} passed its evidence run")
@@ -411,7 +411,7 @@ def confirm(path: Path, result, config, command: str) -> list[str]:
     check_held_out(document, config)
     ours = result.model.get("fingerprint")
     theirs = {entry.model for entry in read_entries(document)
-              if entry.backend == config.backend and entry.workload in config.workloads
+              if entry.engine == config.backend and entry.workload in config.workloads
               and entry.passed_methods()}
     if ours not in theirs:
         raise click.ClickException(

@@ -270,7 +270,7 @@ def print_summary(console: Console, outcome) -> None:
                 "licenses nothing")
         asked = GateRequest(outcome.model["fingerprint"], covers.languages or frozenset(),
                             high)
-        verdict = gate.verdict(entry.family, entry.workload, entry.backend, asked)
+        verdict = gate.verdict(entry.family, entry.workload, entry.engine, asked)
         say("the gate now: " + (f"composes these requests with {verdict.strategy}"
                                 + (f"@{verdict.ratio:g}" if verdict.ratio else "")
                                 if verdict.allowed else f"falls back to full prefill "
