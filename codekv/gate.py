@@ -16,9 +16,8 @@ licenses nothing.
 
 The file is checked against its schema (``codekv.support_schema``) when it is loaded
 (``checked_entry``): an entry that does not hold what the gate reads licenses nothing, and its
-verdict says why. A file that cannot
-be read at all licenses nothing either (``SupportGate.error``); it never silently becomes the
-shipped one.
+verdict says why. A file that cannot be read at all licenses nothing either
+(``SupportGate.error``); it never silently becomes the shipped one.
 """
 
 from __future__ import annotations
@@ -41,14 +40,15 @@ from codekv.eval.registry import WORKLOADS, workload_of
 from codekv.grammars import LANGUAGES
 from codekv.selection import STRATEGIES as SELECTION
 from codekv.support_schema import (
+    KEYS,
     CoveredModel,
     Covers,
     HeldOut,
     Names,
     SupportEntry,
     SupportFile,
+    located_problems,
     pair_name,
-    problems,
     shown,
 )
 
@@ -58,6 +58,8 @@ SHIPPED = "codekv/data/support.json"
 CODE_WORKLOAD = workload_of("code")
 # What a code chunk's language can be: a grammar's name, or "text" (a file no grammar parses).
 CHUNK_LANGUAGES = (*LANGUAGES, "text")
+# What the schema's registry names may be: the gate's registries.
+NAMES = Names(workloads=tuple(WORKLOADS), strategies=GATE_STRATEGIES)
 # A support file is a few kilobytes; more than this is not one (and /dev/zero never ends).
 MAX_SUPPORT_BYTES = 16 * 2**20
 RERUN = "re-run codekv eval --write-gate and --confirm-gate"
@@ -528,10 +530,6 @@ def _document_entries(text: str) -> tuple[list, str | None]:
     return ([], problem) if problem else (data["entries"], None)
 
 
-# What the schema's registry names may be: the gate's registries.
-NAMES = Names(workloads=tuple(WORKLOADS), strategies=GATE_STRATEGIES)
-
-
 def read_entry(raw) -> SupportEntry:
     """``raw``, an entry as the file has it, read against the gate's registries;
     ``ValidationError`` says what is wrong (``codekv.support_schema.problems``)."""
@@ -541,19 +539,38 @@ def read_entry(raw) -> SupportEntry:
 def checked_entry(raw) -> tuple[SupportEntry | None, list[str]]:
     """One support-file entry read, and what is wrong with it in words (then no entry).
 
-    The schema (``codekv.support_schema``) checks what each key holds; on a valid entry the
-    gate checks what it licenses: the rule requests compose with (``strategy``, ``ratio``,
-    ``conditioning``) is a registered rule this engine runs, a share above 0 unless the rule
-    is ratio-free, required once the entry licenses, and ``method``, the rule's label, then
-    names that rule; and a code workload's ``covers`` name the languages of its tasks, no
-    other workload's do.
+    The schema (``codekv.support_schema``) checks what each key holds; the gate checks what
+    the entry licenses, on the keys that hold what they should: the rule requests compose
+    with (``strategy``, ``ratio``, ``conditioning``) is a registered rule this engine runs, a
+    share above 0 unless the rule is ratio-free, required once the entry licenses, and
+    ``method``, the rule's label, then names that rule; and a code workload's ``covers`` name
+    the languages of its tasks, no other workload's do. Problems are told in the order of
+    the entry's keys.
     """
     try:
         entry = read_entry(raw)
+        found, dropped = [], set()
     except ValidationError as error:
-        return None, problems(error)
-    wrong = _rule_problems(entry) + _languages_problems(entry)
-    return (None, wrong) if wrong else (entry, [])
+        found = located_problems(error)
+        dropped = {key for key, _ in found}
+        entry = _readable_part(raw, dropped)
+    if entry is not None:
+        found += _rule_problems(entry, dropped) + _languages_problems(entry)
+    if not found:
+        return entry, []
+    order = {key: number for number, key in enumerate(KEYS)}
+    return None, [text for _, text in sorted(found, key=lambda kv: order.get(kv[0], -1))]
+
+
+def _readable_part(raw, dropped: set) -> SupportEntry | None:
+    """``raw`` without the keys the schema refused, where the rest reads (what the licence
+    checks can still judge of an invalid entry); None where it does not."""
+    if None in dropped or not isinstance(raw, dict):
+        return None
+    try:
+        return read_entry({key: value for key, value in raw.items() if key not in dropped})
+    except ValidationError:
+        return None
 
 
 def entry_problems(raw) -> list[str]:
@@ -561,35 +578,39 @@ def entry_problems(raw) -> list[str]:
     return checked_entry(raw)[1]
 
 
-def _rule_problems(entry: SupportEntry) -> list[str]:
-    """The rule an entry names, checked against the strategy registry and the engine."""
+def _rule_problems(entry: SupportEntry, dropped: set) -> list[tuple[str, str]]:
+    """The rule an entry names, checked against the strategy registry and the engine (a key
+    in ``dropped``, which the schema refused, is not judged again)."""
     strategy, ratio, licenses = entry.strategy, entry.ratio, entry.licenses
     problems = []
     rule = None
     if strategy is None:
-        if licenses:
-            problems.append("it licenses composition but names no strategy")
+        if licenses and "strategy" not in dropped:
+            problems.append(("strategy", "it licenses composition but names no strategy"))
     else:
         rule = SELECTION[strategy]
         for need, what in ENGINES[entry.engine].unserved:
             if getattr(rule, need):
-                problems.append(f"strategy {strategy!r} needs {what}, which {entry.engine} "
-                                "cannot give")
+                problems.append(("strategy", f"strategy {strategy!r} needs {what}, which "
+                                             f"{entry.engine} cannot give"))
     ratio_free = rule is not None and rule.ratio_free
     if ratio is None:
-        if licenses and rule is not None and not ratio_free:
-            problems.append(f"it licenses composition but names no ratio for {strategy!r}")
+        if licenses and rule is not None and not ratio_free and "ratio" not in dropped:
+            problems.append(("ratio", "it licenses composition but names no ratio for "
+                                      f"{strategy!r}"))
     elif ratio == 0 and rule is not None and not ratio_free:
-        problems.append(f"ratio 0 recomputes nothing: {strategy!r} needs a share above 0")
-    if licenses and entry.method is not None and rule is not None and not problems:
+        problems.append(("ratio", f"ratio 0 recomputes nothing: {strategy!r} needs a share "
+                                  "above 0"))
+    if (licenses and entry.method is not None and rule is not None and not problems
+            and not dropped):
         label = Method(strategy, ratio or 0.0,
                        conditioning=entry.conditioning or DEFAULT_CONDITIONING).label
         if entry.method != label:
-            problems.append(f"method {entry.method!r} is not its rule {label!r}")
+            problems.append(("method", f"method {entry.method!r} is not its rule {label!r}"))
     return problems
 
 
-def _languages_problems(entry: SupportEntry) -> list[str]:
+def _languages_problems(entry: SupportEntry) -> list[tuple[str, str]]:
     """A code workload's runs name the languages of their code tasks; no other's do."""
     problems = []
     for key, covers in (("covers", entry.covers),
@@ -599,9 +620,10 @@ def _languages_problems(entry: SupportEntry) -> list[str]:
         languages = covers.languages
         if entry.workload == CODE_WORKLOAD and not (
                 languages and all(language in CHUNK_LANGUAGES for language in languages)):
-            problems.append(f"{key}.languages {shown(languages)} is not a list of the "
-                            "languages of its code tasks (" + ", ".join(CHUNK_LANGUAGES) + ")")
+            problems.append((key, f"{key}.languages {shown(languages)} is not a list of the "
+                                  "languages of its code tasks (" + ", ".join(CHUNK_LANGUAGES)
+                             + ")"))
         elif entry.workload != CODE_WORKLOAD and languages is not None:
-            problems.append(f"{key}.languages {shown(languages)}: {entry.workload} tasks hold "
-                            "no code")
+            problems.append((key, f"{key}.languages {shown(languages)}: {entry.workload} "
+                                  "tasks hold no code"))
     return problems

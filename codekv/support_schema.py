@@ -295,14 +295,22 @@ JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool
 def problems(error: ValidationError) -> list[str]:
     """Each of ``error``'s problems in words: where it is (``held_out.covers.models``), the
     value the file has there and what it should be."""
+    return [text for _, text in located_problems(error)]
+
+
+def located_problems(error: ValidationError) -> list[tuple[str | None, str]]:
+    """``problems``, each with the top-level key it is under (None: not an object)."""
     out = []
     for detail in error.errors():
         loc = detail["loc"]
-        if not loc and detail["type"] == "model_type":
-            out.append(f"an entry must be an object, not {shown(detail['input'])}")
+        if not loc:
+            out.append((None, f"an entry must be an object, not {shown(detail['input'])}"))
             continue
-        where = ".".join(map(str, loc))
         said = (detail["msg"] if detail["type"] == SCHEMA
                 else f"{shown(detail['input'])} {detail['msg']}")
-        out.append(f"{where} {said}")
+        out.append((str(loc[0]), f"{'.'.join(map(str, loc))} {said}"))
     return out
+
+
+# The keys of an entry in the order its problems are told (the file's keys).
+KEYS = [field.alias or name for name, field in SupportEntry.model_fields.items()]

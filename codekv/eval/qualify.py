@@ -203,7 +203,7 @@ def _part(root: str, files: list[gitrepo.SourceFile], side: str) -> str:
 # -- the runs ----------------------------------------------------------------------------------
 
 @dataclass
-class Outcome:
+class Qualification:
     """What a run measured and wrote: the entries installed in the user file, each run's
     result (``held_out`` None when nothing passed the evidence), and where it all is."""
 
@@ -220,7 +220,7 @@ class Outcome:
 
 def run(options: QualifyOptions, command: str, backend=None,
         status: Callable[[str], None] | None = None,
-        progress: Callable[[str, str, int, int | None], None] | None = None) -> Outcome:
+        progress: Callable[[str, str, int, int | None], None] | None = None) -> Qualification:
     """The evidence run, the held-out run of what passed, and the user file's new entries.
 
     ``command``: this qualify command line, recorded in the entries; ``status(text)`` for
@@ -285,7 +285,7 @@ def run(options: QualifyOptions, command: str, backend=None,
                          reason="a trial run, not evidence: it licenses nothing; "
                                 + entry.get("reason", ""))
     install(user_file, entries)
-    return Outcome(entries, result, held_out_result, user_file, workdir, drawn, trial,
+    return Qualification(entries, result, held_out_result, user_file, workdir, drawn, trial,
                    result.model, [*result.notes, *notes])
 
 
