@@ -4,14 +4,14 @@
 One model per block of the file (``SupportFile``, ``SupportEntry``, its ``HeldOut`` run, what a
 run ``Covers``), so the gate, the evaluation's writer and ``qualify`` read an entry the same
 way. Names that come from the evaluation's registries (workloads, the rules the gate may
-license) are checked against the ``Names`` passed as validation context (the
-gate passes its registries'), so this module loads none of them; without a context they are
-taken as written. A value that is not what its field holds is one problem in words
-(``problems``): the key, the value as the file has it, and what it should be.
+license) are checked against the ``Names`` passed as validation context (the gate passes its
+registries'), so this module loads none of them; without a context they are taken as written.
+A value that is not what its field holds is one problem in words (``problems``): the key, the
+value as the file has it, and what it should be.
 
 What an entry may *license* (a rule its engine runs, a ratio that rule can take, the label
-that names it) and which languages its workload's tasks have are the gate's to judge, on an
-entry the schema holds.
+that names it) and which languages its workload's tasks have are the gate's to judge, on the
+keys the schema accepts.
 """
 
 from __future__ import annotations
