@@ -14,28 +14,42 @@ that reach its length. A request outside that is unsupported, and the reason nam
 missing; an entry that does not say what it covers (a file written before entries did)
 licenses nothing.
 
-The file is checked against its schema when it is loaded (``entry_problems``): an entry that
-does not hold what the gate reads licenses nothing, and its verdict says why. A file that cannot
-be read at all licenses nothing either (``SupportGate.error``); it never silently becomes the
-shipped one.
+The file is checked against its schema (``codekv.support_schema``) when it is loaded
+(``checked_entry``): an entry that does not hold what the gate reads licenses nothing, and its
+verdict says why. A file that cannot be read at all licenses nothing either
+(``SupportGate.error``); it never silently becomes the shipped one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 # What the schema knows of engines and workloads: their torch-free registries.
 from codekv.backends.engines import ENGINES, TRANSFORMERS  # TRANSFORMERS: none named
-from codekv.conditioning import CONDITIONINGS, DEFAULT_CONDITIONING
+from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.grammars import LANGUAGES
 from codekv.schema import GATE_STRATEGIES, WORKLOADS, ChunkKind, rule_label, workload_of
 from codekv.selection import STRATEGIES as SELECTION
+from codekv.support_schema import (
+    KEYS,
+    CoveredModel,
+    Covers,
+    HeldOut,
+    Names,
+    SupportEntry,
+    SupportFile,
+    located_problems,
+    pair_name,
+    shown,
+)
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
 SHIPPED = "codekv/data/support.json"
@@ -43,6 +57,8 @@ SHIPPED = "codekv/data/support.json"
 CODE_WORKLOAD = workload_of(ChunkKind.CODE)
 # What a code chunk's language can be: a grammar's name, or "text" (a file no grammar parses).
 CHUNK_LANGUAGES = (*LANGUAGES, "text")
+# What the schema's registry names may be: the gate's registries.
+NAMES = Names(workloads=tuple(WORKLOADS), strategies=GATE_STRATEGIES)
 # A support file is a few kilobytes; more than this is not one (and /dev/zero never ends).
 MAX_SUPPORT_BYTES = 16 * 2**20
 RERUN = "re-run codekv eval --write-gate and --confirm-gate"
@@ -107,18 +123,26 @@ class Coverage:
     max_tokens: int
 
     @classmethod
-    def of(cls, covers: dict) -> Coverage:
-        """From a valid ``covers`` block (``entry_problems`` checked it)."""
-        languages = covers.get("languages")
-        lengths = covers["context_tokens"]
-        return cls({m["fingerprint"]: m.get("name") for m in covers["models"]},
+    def of(cls, covers: Covers) -> Coverage:
+        languages = covers.languages
+        return cls({m.fingerprint: m.name for m in covers.models},
                    None if languages is None else frozenset(languages),
-                   lengths.get("min"), lengths["max"])
+                   covers.context_tokens.min, covers.context_tokens.max)
+
+    @classmethod
+    def of_entry(cls, entry: SupportEntry) -> Coverage | None:
+        """What a valid entry licenses: its evidence's ``covers``, narrowed to its held-out
+        run's where it has one; None where the entry does not say."""
+        if entry.covers is None:
+            return None
+        covered = cls.of(entry.covers)
+        held_out = entry.held_out.covers if entry.held_out else None
+        return covered.within(cls.of(held_out)) if held_out is not None else covered
 
     def within(self, other: Coverage) -> Coverage:
         """What both runs measured: an entry licenses only what its evidence and its held-out
         tasks both covered."""
-        # both None (a workload without code) or both sets: the schema checks it per workload
+        # both None (a workload without code) or both sets: the gate checks it per workload
         languages = None if self.languages is None else self.languages & other.languages
         lows = [n for n in (self.min_tokens, other.min_tokens) if n is not None]
         return Coverage({fp: name for fp, name in self.models.items() if fp in other.models},
@@ -162,6 +186,60 @@ class Verdict:
     conditioning: str | None = None  # what the passing rule's chunk KV was computed after
 
 
+@dataclass(frozen=True)
+class Said:
+    """Which requests an entry rules on, and whom it was measured on, as far as it says: of an
+    invalid entry, what can still be read of it, so its verdict and listing name it."""
+
+    engine: object
+    family: object
+    workload: object
+    models: dict[str, str | None] | None  # None where it does not say (or not validly)
+
+    @classmethod
+    def of(cls, entry: SupportEntry) -> Said:
+        covers = entry.covers
+        return cls(*entry.pair, None if covers is None
+                   else {m.fingerprint: m.name for m in covers.models})
+
+    @classmethod
+    def written(cls, raw) -> Said:
+        fields = raw if isinstance(raw, dict) else {}
+        covers = fields.get("covers")
+        try:
+            models = MODELS.validate_python(covers.get("models") if isinstance(covers, dict)
+                                            else None)
+        except ValidationError:
+            models = None
+        return cls(fields.get("backend", TRANSFORMERS), fields.get("family"),
+                   fields.get("workload"),
+                   None if models is None else {m.fingerprint: m.name for m in models})
+
+    @property
+    def named(self) -> bool:
+        return isinstance(self.family, str) and isinstance(self.workload, str)
+
+
+MODELS = TypeAdapter(Annotated[list[CoveredModel], Field(min_length=1)])
+
+
+@dataclass
+class Listed:
+    """One entry of a support file as the gate holds it: as the file has it (``raw``), read
+    (``entry``; None when it is invalid), what is wrong with it, what it says of the requests
+    it rules on, the file it is in and its number there, and the models whose requests an
+    entry of the user file governs instead."""
+
+    raw: object
+    entry: SupportEntry | None
+    problems: list[str]
+    said: Said
+    file: str | None
+    number: int
+    from_user: bool
+    superseded: list[str] = field(default_factory=list)
+
+
 class SupportGate:
     """The entries of a support file, and of the user's (``codekv qualify``'s) beside it.
 
@@ -174,24 +252,19 @@ class SupportGate:
                  error: str | None = None, user_entries: list | None = None,
                  user_source: str | None = None):
         base, user = entries or [], user_entries or []
-        self.entries = [*user, *base]
-        self.files = [user_source] * len(user) + [source] * len(base)  # each entry's file
-        self.numbers = [*range(1, len(user) + 1), *range(1, len(base) + 1)]  # in its file
-        self.from_user = [True] * len(user) + [False] * len(base)
+        self.entries = [*user, *base]  # as the files have them
         self.source = f"{user_source} (user) + {source}" if user_source else source
         self.error = error
-        self.problems = [entry_problems(entry) for entry in self.entries]
-        for offset, group in ((0, user), (len(user), base)):
-            problems = self.problems[offset:offset + len(group)]
-            for number, others in _duplicates(group, problems).items():
-                self.problems[offset + number].append(
-                    "it is for the same engine, model, workload, languages and context band "
-                    "as entr"
-                    + ("y " if len(others) == 1 else "ies ") + ", ".join(map(str, others))
-                    + ": which of them holds is unknown, so none licenses")
-        self.superseded = [[] for _ in user] + [
-            _superseded(entry, problems, user, self.problems[:len(user)])
-            for entry, problems in zip(base, self.problems[len(user):])]
+        theirs = _listed(user, user_source, True)
+        ours = _listed(base, source, False)
+        for listed in ours:
+            listed.superseded = _superseded(listed, theirs)
+        self.listed = [*theirs, *ours]
+
+    @property
+    def problems(self) -> list[list[str]]:
+        """Each entry's problems (empty for a valid one), in ``entries``' order."""
+        return [listed.problems for listed in self.listed]
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SupportGate:
@@ -246,46 +319,35 @@ class SupportGate:
         where its evidence and held-out confirmation came from: what ``codekv support`` shows.
         An invalid entry is listed with its ``problems`` and licenses nothing."""
         out = []
-        for entry, problems, number, file, user_file, superseded in zip(
-                self.entries, self.problems, self.numbers, self.files, self.from_user,
-                self.superseded):
-            fields = entry if isinstance(entry, dict) else {}
-            engine = fields.get("backend", TRANSFORMERS)
-            held_out = fields.get("held_out") if isinstance(fields.get("held_out"), dict) else {}
-            named = isinstance(fields.get("family"), str) and isinstance(fields.get("workload"),
-                                                                          str)
-            name = _pair_name(fields) if named else f"entry {number}"
-            verdict = (self._invalid(f"the entry for {name}" if named else name, problems,
-                                     file)
-                       if problems else self._judged(fields, name))
-            covered = None if problems else _coverage(fields)
-            if covered and superseded and set(covered.models) <= set(superseded):
+        for listed in self.listed:
+            entry, said = listed.entry, listed.said
+            name = (pair_name(said.family, said.workload, said.engine) if said.named
+                    else f"entry {listed.number}")
+            verdict = (self._invalid(f"the entry for {name}" if said.named else name,
+                                     listed.problems, listed.file)
+                       if entry is None else self._judged(entry, name))
+            covered = Coverage.of_entry(entry) if entry else None
+            if covered and listed.superseded and set(covered.models) <= set(listed.superseded):
                 verdict = Verdict(False, f"superseded: the user file's entry for {name} on "
                                   "this model governs its requests")
+            evidence, held_out = _runs_shown(listed)
             out.append({
-                "pair": name, "engine": engine, "family": fields.get("family"),
-                "workload": fields.get("workload"), "supported": verdict.allowed,
-                "reason": (fields.get("reason") or verdict.reason) if verdict.allowed
+                "pair": name, "engine": said.engine, "family": said.family,
+                "workload": said.workload, "supported": verdict.allowed,
+                "reason": (entry.reason or verdict.reason) if verdict.allowed
                 else verdict.reason,
-                "problems": problems,
+                "problems": listed.problems,
                 # the file it is in, and the models whose requests the user file's entries
                 # govern instead (a shipped entry's, where the user qualified the same model)
-                "file": file, "user_file": user_file,
-                "superseded_for": superseded,
+                "file": listed.file, "user_file": listed.from_user,
+                "superseded_for": listed.superseded,
                 # what composes, or what passed its evidence; an invalid entry names nothing
-                "method": None if problems else fields.get("method"),
-                "closest": None if problems else fields.get("closest"),  # of a failed one
+                "method": entry.method if entry else None,
+                "closest": entry.closest if entry else None,  # of a failed one
                 # what it licenses: what its evidence and held-out runs both measured (the
                 # evidence's alone before a confirmation); None where the entry does not say
                 "covers": covered.as_json() if covered else None,
-                "evidence": {"command": fields.get("generated_by"),
-                             "created": fields.get("created"),
-                             "covers": fields.get("covers"),
-                             "measured": fields.get("measured") or {}},
-                "held_out": {"command": held_out.get("generated_by"),
-                             "created": held_out.get("created"),
-                             "covers": held_out.get("covers"),
-                             "measured": held_out.get("measured") or {}} if held_out else None,
+                "evidence": evidence, "held_out": held_out,
             })
         return out
 
@@ -298,30 +360,26 @@ class SupportGate:
         languages and context lengths the entry covers; without, the verdict is the pair's for
         what its entries cover.
         """
-        pair = _pair_name({"family": family, "workload": workload, "backend": engine})
+        pair = pair_name(family, workload, engine)
         if self.error:
             return Verdict(False, f"unsupported: {self.error}")
-        matching = [(entry, problems, file, superseded) for entry, problems, file, superseded
-                    in zip(self.entries, self.problems, self.files, self.superseded)
-                    if isinstance(entry, dict) and entry.get("family") == family
-                    and entry.get("workload") == workload
-                    and entry.get("backend", TRANSFORMERS) == engine]
+        matching = [listed for listed in self.listed
+                    if (listed.said.engine, listed.said.family, listed.said.workload)
+                    == (engine, family, workload)]
         if not matching:
             return Verdict(False, f"unsupported: no evidence for {pair} ({self.source})")
         others = []  # the models of entries measured on other models
         ours = []  # valid entries for this model: one per set of languages
-        for entry, problems, file, superseded in matching:
-            covers = entry.get("covers")
-            models = covers.get("models") if isinstance(covers, dict) else None
-            if (request is not None and _models_valid(models)
-                    and request.fingerprint not in {m["fingerprint"] for m in models}):
-                others.append(_models_shown({m["fingerprint"]: m.get("name") for m in models}))
+        for listed in matching:
+            models = listed.said.models
+            if request is not None and models and request.fingerprint not in models:
+                others.append(_models_shown(models))
                 continue
-            if problems:
-                return self._invalid(f"the entry for {pair}", problems, file)
-            if request is not None and request.fingerprint in superseded:
+            if listed.entry is None:
+                return self._invalid(f"the entry for {pair}", listed.problems, listed.file)
+            if request is not None and request.fingerprint in listed.superseded:
                 continue  # the user file's entry for this model and these languages rules
-            ours.append(entry)
+            ours.append(listed.entry)
         if ours:
             return self._judged(_for_request(ours, request), pair, request)
         return Verdict(False, f"unsupported: the {pair} evidence is for " + "; ".join(others)
@@ -330,31 +388,30 @@ class SupportGate:
                               "was measured on, not its family")
 
     @staticmethod
-    def _judged(entry: dict, pair: str, request: GateRequest | None = None) -> Verdict:
+    def _judged(entry: SupportEntry, pair: str, request: GateRequest | None = None) -> Verdict:
         """A valid entry's verdict (for ``request``, when given)."""
-        if entry.get("trial"):
+        if entry.trial:
             return Verdict(False, f"unsupported: {pair} is from a trial run, not evidence: "
-                                  + "; ".join(entry["trial"]))
-        if not entry["passed"]:
+                                  + "; ".join(entry.trial))
+        if not entry.passed:
             return Verdict(False, f"unsupported: {pair} failed its evaluation{_why_not(entry)}")
-        held_out = entry.get("held_out") or {}
-        if "passed" not in held_out:
+        held_out = entry.held_out
+        if held_out is None or held_out.passed is None:
             return Verdict(False, f"unsupported: {pair} passed its evaluation but was "
                                   "not confirmed on held-out tasks")
-        if not held_out["passed"]:
+        if not held_out.passed:
             return Verdict(False, f"unsupported: {pair} failed on held-out tasks"
                                   f"{_why_not(held_out)}")
-        if entry.get("covers") is None:
+        if entry.covers is None:
             return Verdict(False, f"unsupported: the entry for {pair} does not say what it "
                                   f"covers (models, languages, context lengths); {RERUN}")
-        if held_out.get("covers") is None:
+        if held_out.covers is None:
             return Verdict(False, f"unsupported: the held-out run of {pair} does not say what "
                                   f"it covers; {RERUN}")
-        missing = _coverage(entry).missing(request) if request else []
+        missing = Coverage.of_entry(entry).missing(request) if request else []
         if missing:
             return Verdict(False, f"unsupported: {pair}: " + "; ".join(missing))
-        return Verdict(True, "supported", entry.get("strategy"), entry.get("ratio"),
-                       entry.get("conditioning"))
+        return Verdict(True, "supported", entry.strategy, entry.ratio, entry.conditioning)
 
     @staticmethod
     def _invalid(entry: str, problems: list[str], file: str) -> Verdict:
@@ -362,67 +419,52 @@ class SupportGate:
                               + "; ".join(problems))
 
 
-def _why_not(run: dict) -> str:
+def _listed(entries: list, file: str | None, from_user: bool) -> list[Listed]:
+    """One file's entries, each read and checked, and those that could both speak for one
+    request marked (``_duplicates``)."""
+    listed = []
+    for number, raw in enumerate(entries, 1):
+        entry, wrong = checked_entry(raw)
+        said = Said.of(entry) if entry else Said.written(raw)
+        listed.append(Listed(raw, entry, wrong, said, file, number, from_user))
+    for number, others in _duplicates(listed).items():
+        listed[number].entry = None
+        listed[number].problems.append(
+            "it is for the same engine, model, workload, languages and context band as entr"
+            + ("y " if len(others) == 1 else "ies ") + ", ".join(map(str, others))
+            + ": which of them holds is unknown, so none licenses")
+    return listed
+
+
+def _runs_shown(listed: Listed) -> tuple[dict, dict | None]:
+    """Where an entry's evidence and held-out confirmation came from, and what each measured
+    and covered, as the file has them."""
+    if listed.entry is None:  # invalid: what it says, as it says it
+        fields = listed.raw if isinstance(listed.raw, dict) else {}
+        held_out = fields.get("held_out") if isinstance(fields.get("held_out"), dict) else {}
+        runs = [{"command": run.get("generated_by"), "created": run.get("created"),
+                 "covers": run.get("covers"), "measured": run.get("measured") or {}}
+                for run in (fields, held_out)]
+        return runs[0], runs[1] if held_out else None
+    entry = listed.entry
+    held_out = entry.held_out
+    runs = [{"command": run.generated_by, "created": run.created,
+             "covers": run.covers.model_dump(exclude_unset=True) if run.covers else None,
+             "measured": run.measured or {}} for run in (entry, held_out or entry)]
+    return runs[0], (runs[1] if held_out and held_out.model_dump(exclude_unset=True)
+                     else None)
+
+
+def _why_not(run: SupportEntry | HeldOut) -> str:
     """What a run's closest rule missed (an entry's evidence, or its held-out run), as its
     record says (or nothing)."""
-    closest = run.get("closest")
-    for candidate in run.get("candidates") or []:
-        if (isinstance(candidate, dict) and candidate.get("method") == closest
-                and candidate.get("failures")):
-            return f" ({closest}: {'; '.join(map(str, candidate['failures']))})"
+    for candidate in run.candidates or ():
+        if candidate.method == run.closest and candidate.failures:
+            return f" ({run.closest}: {'; '.join(map(str, candidate.failures))})"
     return ""
 
 
-def _coverage(entry: dict) -> Coverage | None:
-    """What a valid entry covers: its evidence's ``covers``, narrowed to its held-out run's
-    where it has one; None where the entry does not say."""
-    if entry.get("covers") is None:
-        return None
-    covered = Coverage.of(entry["covers"])
-    held_out = (entry.get("held_out") or {}).get("covers")
-    return covered.within(Coverage.of(held_out)) if held_out is not None else covered
-
-
-def entry_languages(entry: dict) -> frozenset[str] | None:
-    """The languages an entry's evidence covers; None where it names none (a workload without
-    code, or an entry that does not say what it covers): then it stands for every language."""
-    covers = entry.get("covers")
-    languages = covers.get("languages") if isinstance(covers, dict) else None
-    return frozenset(languages) if isinstance(languages, list) else None
-
-
-def languages_overlap(a: frozenset[str] | None, b: frozenset[str] | None) -> bool:
-    """Whether entries covering ``a`` and ``b`` could both speak for one request."""
-    return a is None or b is None or bool(a & b)
-
-
-def context_band(lengths) -> int | None:
-    """The context band of a run whose tasks' lengths were ``lengths`` (a ``covers``
-    ``context_tokens`` block): the power of two at or above its longest task (2,048, 4,096,
-    8,192 tokens); None where it does not say. Evidence at 2K and at 4K speak for different
-    requests, and the passing rule may differ between them."""
-    longest = lengths.get("max") if isinstance(lengths, dict) else None
-    if not isinstance(longest, int) or isinstance(longest, bool) or longest < 1:
-        return None
-    return 1 << (longest - 1).bit_length()
-
-
-def entry_band(entry: dict) -> int | None:
-    """The context band an entry's evidence speaks for (``context_band``)."""
-    covers = entry.get("covers")
-    return context_band(covers.get("context_tokens") if isinstance(covers, dict) else None)
-
-
-def same_requests(a: dict, b: dict) -> bool:
-    """Whether two entries for one engine, family, workload and model could both speak for one
-    request: their languages overlap and they are in one context band (an entry that does not
-    say stands for every language, or every length)."""
-    band_a, band_b = entry_band(a), entry_band(b)
-    return (languages_overlap(entry_languages(a), entry_languages(b))
-            and (band_a is None or band_b is None or band_a == band_b))
-
-
-def _for_request(entries: list[dict], request: GateRequest | None) -> dict:
+def _for_request(entries: list[SupportEntry], request: GateRequest | None) -> SupportEntry:
     """Of one model's entries (one per set of languages and context band), the one for
     ``request``: the one covering most of its code's languages, and of those the one measured
     on the shortest contexts that still reach the request's length (the longest where none
@@ -430,70 +472,49 @@ def _for_request(entries: list[dict], request: GateRequest | None) -> dict:
     if request is None or len(entries) == 1:
         return entries[0]
     def covered(entry):
-        return len(request.languages & (entry_languages(entry) or set()))
+        return len(request.languages & (entry.languages or set()))
     most = max(map(covered, entries))
     fitting = [entry for entry in entries if covered(entry) == most]
     def longest(entry):
-        coverage = _coverage(entry)
+        coverage = Coverage.of_entry(entry)
         return coverage.max_tokens if coverage is not None else 0
     reaching = [entry for entry in fitting if longest(entry) >= request.context_tokens]
     return min(reaching, key=longest) if reaching else max(fitting, key=longest)
 
 
-def _superseded(entry, problems: list[str], user: list, user_problems: list[list[str]]
-                ) -> list[str]:
-    """The models of a (shipped) ``entry`` whose requests an entry of the user file governs
+def _superseded(listed: Listed, user: list[Listed]) -> list[str]:
+    """The models of a (shipped) entry whose requests an entry of the user file governs
     instead: one for the same engine, family and workload, measured on the model too, that
     speaks for the same requests (a user entry for go leaves a python entry in force, one
     measured at 2K a shipped 4K one)."""
-    if problems or not isinstance(entry, dict) or entry.get("covers") is None:
+    entry = listed.entry
+    if entry is None or entry.covers is None:
         return []
-    key = _pair(entry)
-    theirs = {m["fingerprint"] for other, wrong in zip(user, user_problems)
-              if isinstance(other, dict) and not wrong and _pair(other) == key
-              and other.get("covers") is not None and same_requests(other, entry)
-              for m in other["covers"]["models"]}
-    return [m["fingerprint"] for m in entry["covers"]["models"] if m["fingerprint"] in theirs]
+    theirs = {model for other in user if other.entry and other.entry.covers is not None
+              and other.entry.pair == entry.pair and other.entry.same_requests(entry)
+              for model in other.entry.models}
+    return [m.fingerprint for m in entry.covers.models if m.fingerprint in theirs]
 
 
-def _pair(entry: dict) -> tuple:
-    return entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload")
-
-
-def _duplicates(entries: list, problems: list[list[str]]) -> dict[int, list[int]]:
+def _duplicates(listed: list[Listed]) -> dict[int, list[int]]:
     """Valid entries for the same engine, family, model and workload that could speak for one
-    request (``same_requests``), each with the numbers of the others: a file holding two
-    verdicts for one request says nothing reliable. Entries for disjoint languages (python, go)
-    or context bands (2K, 4K) are one each."""
+    request (``SupportEntry.same_requests``), each with the numbers of the others: a file
+    holding two verdicts for one request says nothing reliable. Entries for disjoint languages
+    (python, go) or context bands (2K, 4K) are one each."""
     by_key: dict[tuple, list[int]] = {}
-    for number, (entry, wrong) in enumerate(zip(entries, problems)):
-        if wrong:
-            continue
-        covers = entry.get("covers")
-        models = ([m["fingerprint"] for m in covers["models"]] if covers is not None
-                  else [entry.get("model")])
-        for model in dict.fromkeys(models):
-            key = (entry.get("backend", TRANSFORMERS), entry["family"], entry["workload"], model)
-            by_key.setdefault(key, []).append(number)
+    for number, one in enumerate(listed):
+        if one.entry is not None:
+            for model in one.entry.models:
+                by_key.setdefault((*one.entry.pair, model), []).append(number)
     out: dict[int, list[int]] = {}
     for numbers in by_key.values():
         for number in numbers:
-            clashing = [n for n in numbers
-                        if n != number and same_requests(entries[n], entries[number])]
+            clashing = [n for n in numbers if n != number
+                        and listed[n].entry.same_requests(listed[number].entry)]
             if clashing:
                 out.setdefault(number, [])
                 out[number] += [n + 1 for n in clashing if n + 1 not in out[number]]
     return out
-
-
-def _pair_name(entry: dict) -> str:
-    engine = entry.get("backend", TRANSFORMERS)
-    return (f"{entry.get('family')}/{entry.get('workload')}"
-            + ("" if engine == TRANSFORMERS else f" on {engine}"))
-
-
-JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-              type(None): "null"}
 
 
 def _document_entries(text: str) -> tuple[list, str | None]:
@@ -504,171 +525,103 @@ def _document_entries(text: str) -> tuple[list, str | None]:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         return [], f"not JSON ({error})"
-    if not isinstance(data, dict):
-        kind = JSON_TYPES.get(type(data), type(data).__name__)
-        return [], f"it holds a JSON {kind}, not an object with an \"entries\" list"
-    if data.get("format", 1) != 1:
-        return [], f"format {data['format']!r} is not 1, the only one this codekv reads"
-    if not isinstance(data.get("entries"), list):
-        return [], "it has no \"entries\" list"
-    return data["entries"], None
+    problem = SupportFile.problem(data)
+    return ([], problem) if problem else (data["entries"], None)
 
 
-def entry_problems(entry) -> list[str]:
-    """What is wrong with one support-file entry, in words (empty for a valid entry).
+def read_entry(raw) -> SupportEntry:
+    """``raw``, an entry as the file has it, read against the gate's registries;
+    ``ValidationError`` says what is wrong (``codekv.support_schema.problems``)."""
+    return SupportEntry.model_validate(raw, context=NAMES)
 
-    The gate reads: ``family``, ``workload`` and ``backend`` (which requests it rules on);
-    ``covers`` and ``held_out.covers`` (what its runs measured: ``_covers_problems``);
-    ``passed`` and ``held_out.passed`` (booleans); ``strategy``, ``ratio`` and ``conditioning``
-    (the rule requests compose with: a registered rule this engine runs, a share above 0 unless
-    the rule is ratio-free, a registered conditioning), required once the entry licenses;
-    ``method``, the rule's label, must then name that rule; ``trial`` (why a ``codekv
-    qualify`` run with thresholds below the gate's is no evidence: such an entry licenses
-    nothing); and what ``codekv support`` shows (texts, and ``measured`` numbers that are
-    finite).
+
+def checked_entry(raw) -> tuple[SupportEntry | None, list[str]]:
+    """One support-file entry read, and what is wrong with it in words (then no entry).
+
+    The schema (``codekv.support_schema``) checks what each key holds; the gate checks what
+    the entry licenses, on the keys that hold what they should: the rule requests compose
+    with (``strategy``, ``ratio``, ``conditioning``) is a registered rule this engine runs, a
+    share above 0 unless the rule is ratio-free, required once the entry licenses, and
+    ``method``, the rule's label, then names that rule; and a code workload's ``covers`` name
+    the languages of its tasks, no other workload's do. Problems are told in the order of
+    the entry's keys.
     """
-    if not isinstance(entry, dict):
-        return [f"an entry must be an object, not {_shown(entry)}"]
-    problems = []
-    engine = entry.get("backend", TRANSFORMERS)
-    if engine not in ENGINES:
-        problems.append(f"backend {_shown(engine)} is not one of {', '.join(ENGINES)}")
-    family = entry.get("family")
-    if not (isinstance(family, str) and family):
-        problems.append(f"family {_shown(family)} is not a model family's name")
-    if entry.get("workload") not in WORKLOADS:
-        problems.append(f"workload {_shown(entry.get('workload'))} is not one of "
-                        + ", ".join(WORKLOADS))
-    if not isinstance(entry.get("passed"), bool):
-        problems.append(f"passed {_shown(entry.get('passed'))} is not true or false")
-    held_out = entry.get("held_out")
-    if held_out is not None and not isinstance(held_out, dict):
-        problems.append(f"held_out {_shown(held_out)} is not an object")
-        held_out = None
-    held_out = held_out or {}
-    if "passed" in held_out and not isinstance(held_out["passed"], bool):
-        problems.append(f"held_out.passed {_shown(held_out['passed'])} is not true or false")
-    licenses = entry.get("passed") is True and held_out.get("passed") is True
-    problems += _rule_problems(entry, engine, licenses)
-    workload = entry.get("workload")
-    problems += _covers_problems("covers", entry.get("covers"), workload)
-    problems += _covers_problems("held_out.covers", held_out.get("covers"), workload)
-    for key in ("model", "method", "closest", "reason", "generated_by", "created"):
-        problems += _text_problem(key, entry.get(key))
-    trial = entry.get("trial")  # why a run was a trial (``codekv qualify``): it licenses nothing
-    if trial is not None and not (isinstance(trial, list)
-                                  and all(isinstance(why, str) for why in trial)):
-        problems.append(f"trial {_shown(trial)} is not a list of texts")
-    for key in ("generated_by", "created"):
-        problems += _text_problem(f"held_out.{key}", held_out.get(key))
-    problems += _measured_problems("measured", entry.get("measured"))
-    problems += _measured_problems("held_out.measured", held_out.get("measured"))
-    return problems
+    try:
+        entry = read_entry(raw)
+        found, dropped = [], set()
+    except ValidationError as error:
+        found = located_problems(error)
+        dropped = {key for key, _ in found}
+        entry = _readable_part(raw, dropped)
+    if entry is not None:
+        found += _rule_problems(entry, dropped) + _languages_problems(entry)
+    if not found:
+        return entry, []
+    order = {key: number for number, key in enumerate(KEYS)}
+    return None, [text for _, text in sorted(found, key=lambda kv: order.get(kv[0], -1))]
 
 
-def _rule_problems(entry: dict, engine, licenses: bool) -> list[str]:
-    """The rule an entry names, checked against the strategy registry and the engine."""
-    strategy, ratio = entry.get("strategy"), entry.get("ratio")
-    conditioning = entry.get("conditioning")
+def _readable_part(raw, dropped: set) -> SupportEntry | None:
+    """``raw`` without the keys the schema refused, where the rest reads (what the licence
+    checks can still judge of an invalid entry); None where it does not."""
+    if None in dropped or not isinstance(raw, dict):
+        return None
+    try:
+        return read_entry({key: value for key, value in raw.items() if key not in dropped})
+    except ValidationError:
+        return None
+
+
+def entry_problems(raw) -> list[str]:
+    """What is wrong with one support-file entry, in words (empty for a valid entry)."""
+    return checked_entry(raw)[1]
+
+
+def _rule_problems(entry: SupportEntry, dropped: set) -> list[tuple[str, str]]:
+    """The rule an entry names, checked against the strategy registry and the engine (a key
+    in ``dropped``, which the schema refused, is not judged again)."""
+    strategy, ratio, licenses = entry.strategy, entry.ratio, entry.licenses
     problems = []
     rule = None
     if strategy is None:
-        if licenses:
-            problems.append("it licenses composition but names no strategy")
-    elif strategy not in GATE_STRATEGIES:
-        problems.append(f"strategy {_shown(strategy)} is not a rule requests compose with; "
-                        "choose from " + ", ".join(GATE_STRATEGIES))
+        if licenses and "strategy" not in dropped:
+            problems.append(("strategy", "it licenses composition but names no strategy"))
     else:
         rule = SELECTION[strategy]
-        for need, what in ENGINES[engine].unserved if engine in ENGINES else ():
+        for need, what in ENGINES[entry.engine].unserved:
             if getattr(rule, need):
-                problems.append(f"strategy {strategy!r} needs {what}, which {engine} cannot "
-                                "give")
+                problems.append(("strategy", f"strategy {strategy!r} needs {what}, which "
+                                             f"{entry.engine} cannot give"))
     ratio_free = rule is not None and rule.ratio_free
     if ratio is None:
-        if licenses and rule is not None and not ratio_free:
-            problems.append(f"it licenses composition but names no ratio for {strategy!r}")
-    elif not (isinstance(ratio, int | float) and not isinstance(ratio, bool)
-              and math.isfinite(ratio) and 0 <= ratio <= 1):
-        problems.append(f"ratio {_shown(ratio)} is not a share from 0 to 1")
+        if licenses and rule is not None and not ratio_free and "ratio" not in dropped:
+            problems.append(("ratio", "it licenses composition but names no ratio for "
+                                      f"{strategy!r}"))
     elif ratio == 0 and rule is not None and not ratio_free:
-        problems.append(f"ratio 0 recomputes nothing: {strategy!r} needs a share above 0")
-    if conditioning is not None and conditioning not in CONDITIONINGS:
-        problems.append(f"conditioning {_shown(conditioning)} is not one of "
-                        + ", ".join(CONDITIONINGS))
-    method = entry.get("method")
-    if licenses and isinstance(method, str) and rule is not None and not problems:
-        label = rule_label(strategy, ratio or 0.0, conditioning or DEFAULT_CONDITIONING)
-        if method != label:
-            problems.append(f"method {method!r} is not its rule {label!r}")
+        problems.append(("ratio", f"ratio 0 recomputes nothing: {strategy!r} needs a share "
+                                  "above 0"))
+    if (licenses and entry.method is not None and rule is not None and not problems
+            and not dropped):
+        label = rule_label(strategy, ratio or 0.0, entry.conditioning or DEFAULT_CONDITIONING)
+        if entry.method != label:
+            problems.append(("method", f"method {entry.method!r} is not its rule {label!r}"))
     return problems
 
 
-def _covers_problems(key: str, covers, workload) -> list[str]:
-    """``covers``: ``models`` (a non-empty list of ``{"fingerprint", "name"}``), ``languages``
-    (a code-qa entry's: a non-empty list of chunk languages; null for other workloads),
-    ``context_tokens`` (``{"min": count or null, "max": count}``) and ``source`` (a text)."""
-    if covers is None:
-        return []
-    if not isinstance(covers, dict):
-        return [f"{key} {_shown(covers)} is not an object"]
+def _languages_problems(entry: SupportEntry) -> list[tuple[str, str]]:
+    """A code workload's runs name the languages of their code tasks; no other's do."""
     problems = []
-    models = covers.get("models")
-    if not _models_valid(models):
-        problems.append(f"{key}.models {_shown(models)} is not a list of models, each with a "
-                        "fingerprint and a name")
-    languages = covers.get("languages")
-    if workload == CODE_WORKLOAD:
-        if not (isinstance(languages, list) and languages
-                and all(language in CHUNK_LANGUAGES for language in languages)):
-            problems.append(f"{key}.languages {_shown(languages)} is not a list of the "
-                            "languages of its code tasks (" + ", ".join(CHUNK_LANGUAGES) + ")")
-    elif languages is not None:
-        problems.append(f"{key}.languages {_shown(languages)}: {workload} tasks hold no code")
-    lengths = covers.get("context_tokens")
-    low, high = (lengths.get("min"), lengths.get("max")) if isinstance(lengths, dict) else (
-        None, None)
-    if not (_count(high) and (low is None or (_count(low) and low <= high))):
-        problems.append(f"{key}.context_tokens {_shown(lengths)} is not a range of token "
-                        'counts ({"min": count or null, "max": count})')
-    problems += _text_problem(f"{key}.source", covers.get("source"))
+    for key, covers in (("covers", entry.covers),
+                        ("held_out.covers", entry.held_out.covers if entry.held_out else None)):
+        if covers is None:
+            continue
+        languages = covers.languages
+        if entry.workload == CODE_WORKLOAD and not (
+                languages and all(language in CHUNK_LANGUAGES for language in languages)):
+            problems.append((key, f"{key}.languages {shown(languages)} is not a list of the "
+                                  "languages of its code tasks (" + ", ".join(CHUNK_LANGUAGES)
+                             + ")"))
+        elif entry.workload != CODE_WORKLOAD and languages is not None:
+            problems.append((key, f"{key}.languages {shown(languages)}: {entry.workload} "
+                                  "tasks hold no code"))
     return problems
-
-
-def _models_valid(models) -> bool:
-    return isinstance(models, list) and bool(models) and all(
-        isinstance(m, dict) and isinstance(m.get("fingerprint"), str) and m["fingerprint"]
-        and isinstance(m.get("name"), str | None) for m in models)
-
-
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _text_problem(key: str, value) -> list[str]:
-    return [] if value is None or isinstance(value, str) else [
-        f"{key} {_shown(value)} is not a text"]
-
-
-def _measured_problems(key: str, measured) -> list[str]:
-    """``measured`` maps names to numbers (finite: JSON has no NaN), intervals (two numbers)
-    or null; ``codekv support`` prints them."""
-    if measured is None:
-        return []
-    if not isinstance(measured, dict):
-        return [f"{key} {_shown(measured)} is not an object"]
-    problems = []
-    for name, value in measured.items():
-        values = value if isinstance(value, list) else [value]
-        interval_ok = not isinstance(value, list) or len(value) == 2
-        if not interval_ok or not all(
-                v is None or (isinstance(v, int | float) and math.isfinite(v)) for v in values):
-            problems.append(f"{key}.{name} {_shown(value)} is not a finite number"
-                            + (" or an interval of two" if isinstance(value, list) else ""))
-    return problems
-
-
-def _shown(value) -> str:
-    """A value as the file has it (NaN as NaN), cut short."""
-    text = json.dumps(value, default=repr)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -169,9 +169,10 @@ def test_a_model_on_llama_cpp_is_qualified_for_llama_cpp_only(repo, tiny_gguf):
 
 def test_the_user_file_is_replaced_whole_and_keeps_other_models_entries(monkeypatch):
     def entry(fingerprint, method, languages=("python",)):
-        return {"family": "llama", "workload": "code-qa", "method": method,
+        return {"family": "llama", "workload": "code-qa", "passed": False, "method": method,
                 "covers": {"models": [{"fingerprint": fingerprint, "name": None}],
-                           "languages": list(languages)}}
+                           "languages": list(languages),
+                           "context_tokens": {"min": None, "max": 2048}}}
 
     path = paths.user_support_file()
     qualify.install(path, [entry("a", "none"), entry("b", "none"), entry("a", "none", ["go"])])
@@ -244,11 +245,9 @@ def qualify_shipped():
 
 
 def test_the_default_grid_is_what_passed_for_the_default_model_plus_baselines():
-    from codekv.eval.support import evidence_passed
-
-    shipped = SupportGate.load(qualify_shipped()).entries
-    passed = {label for entry in shipped if entry["workload"] == "code-qa"
-              for label in evidence_passed(entry)}
+    shipped = [listed.entry for listed in SupportGate.load(qualify_shipped()).listed]
+    passed = {label for entry in shipped if entry.workload == "code-qa"
+              for label in entry.passed_methods()}
     assert "query@0.15" in passed  # the rule the shipped file licenses the default model with
     grid = qualify.default_grid(("code-qa",))
     assert grid[:2] == ("none", "boundary@0.15") and set(grid[2:]) == passed - set(grid[:2])

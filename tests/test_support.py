@@ -322,3 +322,19 @@ def test_shipped_support_file_is_a_generated_document():
         expected = not failures(measured, Thresholds(**entry["thresholds"])) if entry[
             "passed"] else False
         assert entry["passed"] == expected
+
+
+def test_what_the_writer_writes_reads_back_whole_through_the_schema():
+    """Every entry the evaluation writes (passed, failed, confirmed or not) is one the gate's
+    ``SupportEntry`` reads with no problem, and reads back to exactly what was written."""
+    from codekv.gate import read_entry
+
+    document = evidence_document([fake_row("query@0.15", delta=0.01),
+                                  fake_row("none", delta=0.3, workload="rag")])
+    confirm_entries(document, [fake_row("query@0.15")], "llama", HELD_OUT)
+    code, rag = document["entries"]
+    assert code["held_out"]["passed"] is True and rag["passed"] is False
+    assert SupportGate(document["entries"], "t").problems == [[], []]
+    written = json.loads(json.dumps(document))
+    for entry in written["entries"]:
+        assert read_entry(entry).model_dump(exclude_unset=True, by_alias=True) == entry

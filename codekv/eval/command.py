@@ -363,27 +363,27 @@ def check_held_out(document: dict | None, config) -> None:
     """Refuse, before any model loads, a confirmation that could not confirm anything: no
     passing entry for these workloads, none of its passing strategies in this run, or tasks
     drawn where its evidence was drawn."""
-    from codekv.eval.support import SupportFileError, evidence_passed
+    from codekv.eval.support import SupportFileError, read_entries
 
     if document is None:
         raise SupportFileError("no support file to confirm")
     labels = {m.label for m in composition_methods(config.strategies, config.ratios,
                                                    config.conditioning)}
-    entries = [e for e in document["entries"] if e.get("workload") in config.workloads
-               and e.get("backend", TRANSFORMERS) == config.backend and evidence_passed(e)]
+    entries = [e for e in read_entries(document) if e.workload in config.workloads
+               and e.engine == config.backend and e.passed_methods()]
     if not entries:
         raise SupportFileError("nothing to confirm: no entry for " + ", ".join(config.workloads)
                                + f" on {config.backend} passed its evidence run")
     for entry in entries:
-        workload, passed = entry["workload"], evidence_passed(entry)
-        needed = entry.get("thresholds", {}).get("min_tasks", 0)
+        workload, passed = entry.workload, entry.passed_methods()
+        needed = (entry.thresholds or {}).get("min_tasks", 0)
         if config.tasks < needed:
             raise SupportFileError(f"{workload}: its thresholds need {needed} held-out tasks; "
                                    f"--tasks is {config.tasks}")
         if not labels & set(passed):
             raise SupportFileError(f"{workload}: none of --strategies passed its evidence run; "
                                    "candidates: " + ", ".join(passed))
-        command_line = entry.get("generated_by") or document.get("generated_by")
+        command_line = entry.generated_by or document.get("generated_by")
         if not command_line:
             raise SupportFileError(f"{workload}: the entry does not say which run measured it")
         repos, seed = _evidence_tasks(command_line)
@@ -402,7 +402,7 @@ def confirm(path: Path, result, config, command: str) -> list[str]:
     from codekv.eval.support import (
         confirm_entries,
         coverage,
-        evidence_passed,
+        read_entries,
         read_support_document,
         write_json,
     )
@@ -410,9 +410,9 @@ def confirm(path: Path, result, config, command: str) -> list[str]:
     document = read_support_document(path, "--confirm-gate")  # as it is now, not before
     check_held_out(document, config)
     ours = result.model.get("fingerprint")
-    theirs = {entry.get("model") for entry in document["entries"]
-              if entry.get("backend", TRANSFORMERS) == config.backend
-              and entry.get("workload") in config.workloads and evidence_passed(entry)}
+    theirs = {entry.model for entry in read_entries(document)
+              if entry.engine == config.backend and entry.workload in config.workloads
+              and entry.passed_methods()}
     if ours not in theirs:
         raise click.ClickException(
             f"{path}'s passing {config.backend} entries for {', '.join(config.workloads)} were "

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from codekv import gitrepo, paths
 from codekv.backends.engines import TRANSFORMERS
 from codekv.eval.methods import PARTIAL_STRATEGIES, composition_methods, split_entry
@@ -65,11 +67,12 @@ class QualifyOptions:
 def default_grid(workloads: tuple[str, ...]) -> tuple[str, ...]:
     """The rules that passed the shipped evidence for ``workloads`` (on the default model),
     plus ``BASELINE_RULES``."""
-    from codekv.eval.support import evidence_passed
+    from codekv.gate import read_entry
 
     shipped = json.loads(resources.files("codekv").joinpath("data", "support.json").read_text())
-    passed = [label for entry in shipped["entries"] if entry.get("workload") in workloads
-              for label in evidence_passed(entry)
+    entries = [read_entry(entry) for entry in shipped["entries"]]  # valid: tests check it
+    passed = [label for entry in entries if entry.workload in workloads
+              for label in entry.passed_methods()
               if split_entry(label)[0] in PARTIAL_STRATEGIES]  # no conditioning suffix
     return tuple(dict.fromkeys((*BASELINE_RULES, *passed)))
 
@@ -200,7 +203,7 @@ def _part(root: str, files: list[gitrepo.SourceFile], side: str) -> str:
 # -- the runs ----------------------------------------------------------------------------------
 
 @dataclass
-class Outcome:
+class Qualification:
     """What a run measured and wrote: the entries installed in the user file, each run's
     result (``held_out`` None when nothing passed the evidence), and where it all is."""
 
@@ -217,7 +220,7 @@ class Outcome:
 
 def run(options: QualifyOptions, command: str, backend=None,
         status: Callable[[str], None] | None = None,
-        progress: Callable[[str, str, int, int | None], None] | None = None) -> Outcome:
+        progress: Callable[[str, str, int, int | None], None] | None = None) -> Qualification:
     """The evidence run, the held-out run of what passed, and the user file's new entries.
 
     ``command``: this qualify command line, recorded in the entries; ``status(text)`` for
@@ -226,7 +229,7 @@ def run(options: QualifyOptions, command: str, backend=None,
     """
     from codekv.eval import command as eval_command
     from codekv.eval.harness import count_tasks, evaluate
-    from codekv.eval.support import SupportFileError, evidence_passed, read_support_document
+    from codekv.eval.support import SupportFileError, read_entries, read_support_document
 
     say = status or (lambda text: None)
     user_file = paths.user_support_file()
@@ -258,8 +261,8 @@ def run(options: QualifyOptions, command: str, backend=None,
                                  eval_command.canonical_command(evidence))
         notes = []
         document = read_support_document(staged)
-        passed = [label for entry in document["entries"] for label in evidence_passed(entry)
-                  if entry.get("workload") in options.workloads]
+        passed = [label for entry in read_entries(document)
+                  if entry.workload in options.workloads for label in entry.passed_methods()]
         held_out_result = None
         if passed:
             held_out = eval_config(options, drawn.held_out, held_out_seed,
@@ -271,7 +274,7 @@ def run(options: QualifyOptions, command: str, backend=None,
             notes += eval_command.confirm(staged, held_out_result, held_out,
                                           eval_command.canonical_command(held_out))
         entries = [entry for entry in read_support_document(staged)["entries"]
-                   if entry.get("workload") in options.workloads]
+                   if entry["workload"] in options.workloads]
     except SupportFileError as error:
         raise QualifyError(str(error)) from error
     trial = laxer(options.thresholds)
@@ -282,7 +285,7 @@ def run(options: QualifyOptions, command: str, backend=None,
                          reason="a trial run, not evidence: it licenses nothing; "
                                 + entry.get("reason", ""))
     install(user_file, entries)
-    return Outcome(entries, result, held_out_result, user_file, workdir, drawn, trial,
+    return Qualification(entries, result, held_out_result, user_file, workdir, drawn, trial,
                    result.model, [*result.notes, *notes])
 
 
@@ -350,24 +353,22 @@ def _user_document(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _models(entry: dict) -> set:
-    covers = entry.get("covers") if isinstance(entry.get("covers"), dict) else {}
-    return {m.get("fingerprint") for m in covers.get("models") or ()
-            if isinstance(m, dict)} or {entry.get("model")}
-
-
 def _replaces(new: dict, old) -> bool:
     """Whether ``new`` speaks for ``old``'s requests: the same engine, family and workload,
     a model in common, languages that overlap and one context band (a go entry leaves a
-    python one, a 4K entry a 2K one)."""
-    from codekv.gate import same_requests
+    python one, a 4K entry a 2K one). An invalid ``old`` entry, whose languages and band
+    cannot be read, is replaced where it names the same pair and a model in common."""
+    from codekv.gate import Said, read_entry
 
-    return (isinstance(old, dict) and _pair(new) == _pair(old)
-            and bool(_models(new) & _models(old)) and same_requests(new, old))
-
-
-def _pair(entry: dict) -> tuple:
-    return entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload")
+    new = read_entry(new)
+    try:
+        read = read_entry(old)
+    except ValidationError:
+        said = Said.written(old)
+        return ((said.engine, said.family, said.workload) == new.pair
+                and bool(set(said.models or ()) & set(new.models)))
+    return (new.pair == read.pair and bool(set(new.models) & set(read.models))
+            and new.same_requests(read))
 
 
 def install(path: Path, entries: list[dict]) -> None:

@@ -225,45 +225,41 @@ def print_summary(console: Console, outcome) -> None:
     """Per workload: each rule on the evidence and held-out tasks (intervals), what passed,
     what the entry covers, and what the gate now does with this model's requests."""
     from codekv.eval.report import ci
-    from codekv.gate import Coverage, GateRequest, SupportGate
+    from codekv.gate import Coverage, GateRequest, SupportGate, read_entry
 
     gate = SupportGate.load()
-    for entry in outcome.entries:
-        pair = f"{entry['family']}/{entry['workload']}" + (
-            "" if entry["backend"] == TRANSFORMERS else f" on {entry['backend']}")
-        table = Table(title=f"{pair}: each rule's 95% intervals over the tasks")
+    for entry in map(read_entry, outcome.entries):  # as installed: the writer's, valid
+        table = Table(title=f"{entry.name}: each rule's 95% intervals over the tasks")
         for name in ("run", "rule", "tasks", "ΔNLL", "score drop", "decisive agr.", "speedup",
                      "meets the thresholds"):
             table.add_column(name)
-        held_out = entry.get("held_out") or {}
+        held_out = entry.held_out
         for run, block in (("evidence", entry), ("held out", held_out)):
-            for candidate in block.get("candidates", []):
-                m = candidate["measured"]
-                table.add_row(run, escape(candidate["method"]), str(m["tasks"]),
+            for candidate in (block.candidates or ()) if block else ():
+                m = candidate.measured
+                table.add_row(run, escape(candidate.method), str(m["tasks"]),
                               ci(m["delta_nll"], m["delta_nll_ci"], "+.3f"),
                               ci(m["score_drop"], m["score_drop_ci"], "+.2f"),
                               "-" if m["decisive_agreement"] is None
                               else f"{m['decisive_agreement']:.3f}",
                               "-" if m["speedup"] is None else f"{m['speedup']:.2f}x",
-                              "[green]yes[/green]" if candidate["passed"] else
-                              escape("no: " + "; ".join(candidate["failures"])))
+                              "[green]yes[/green]" if candidate.passed else
+                              escape("no: " + "; ".join(candidate.failures)))
         console.print(table)
         say = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
-        passed = [c["method"] for c in entry.get("candidates", []) if c["passed"]]
+        passed = [c.method for c in entry.candidates or () if c.passed]
         say(f"evidence (held-out tasks from {outcome.sides.how}): "
             + (f"{', '.join(passed)} met every threshold" if passed
                else "no rule met every threshold"))
-        if entry.get("held_out"):
-            say("held out: " + (f"confirmed with {held_out['method']}" if held_out["passed"]
-                                else f"not confirmed (closest {held_out.get('closest')})"))
+        if held_out is not None and held_out.passed is not None:
+            say("held out: " + (f"confirmed with {held_out.method}" if held_out.passed
+                                else f"not confirmed (closest {held_out.closest})"))
         else:
             say("held out: not run (no rule passed the evidence)")
-        if entry.get("covers") is None:  # no composed task: nothing was measured
+        covers = Coverage.of_entry(entry)
+        if covers is None:  # no composed task: nothing was measured
             say("the entry covers nothing: no task was composed")
             continue
-        covers = Coverage.of(entry["covers"])
-        if held_out.get("covers"):
-            covers = covers.within(Coverage.of(held_out["covers"]))
         low, high = covers.min_tokens, covers.max_tokens
         say("the entry covers: " + ", ".join(f"{name or 'unnamed'} (fingerprint {fp[:12]})"
                                              for fp, name in covers.models.items())
@@ -274,7 +270,7 @@ def print_summary(console: Console, outcome) -> None:
                 "licenses nothing")
         asked = GateRequest(outcome.model["fingerprint"], covers.languages or frozenset(),
                             high)
-        verdict = gate.verdict(entry["family"], entry["workload"], entry["backend"], asked)
+        verdict = gate.verdict(entry.family, entry.workload, entry.engine, asked)
         say("the gate now: " + (f"composes these requests with {verdict.strategy}"
                                 + (f"@{verdict.ratio:g}" if verdict.ratio else "")
                                 if verdict.allowed else f"falls back to full prefill "

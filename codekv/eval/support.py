@@ -21,20 +21,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from codekv.backends.engines import TRANSFORMERS
 from codekv.chunks import Chunk
 from codekv.eval.measures import ResultRow
-from codekv.gate import (
-    CODE_WORKLOAD,
-    UnreadableSupportFile,
-    context_band,
-    entry_band,
-    entry_languages,
-    languages_overlap,
-    read_support_text,
-    same_requests,
-)
+from codekv.gate import CODE_WORKLOAD, UnreadableSupportFile, read_entry, read_support_text
 from codekv.schema import GATE_STRATEGIES
+from codekv.support_schema import Covers, SupportEntry, SupportFile, context_band, languages_overlap
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
                  "decisive_agreement", "near_ties", "edit_similarity", "score_drop",
@@ -130,11 +124,18 @@ def _closest(judged) -> tuple[ResultRow, list[str]]:
     return min(judged, key=lambda j: (len(j[1]), _high(j[0].delta_nll_ci)))
 
 
-def evidence_passed(entry: dict) -> list[str]:
-    """The methods that met every threshold on the entry's evidence tasks."""
-    if not entry.get("passed"):
-        return []
-    return [c["method"] for c in entry.get("candidates", []) if c.get("passed")]
+def read_entries(document: dict) -> list[SupportEntry]:
+    """The valid entries of a support file's ``document``, read."""
+    return [entry for entry in map(_read, document["entries"]) if entry is not None]
+
+
+def _read(entry: dict) -> SupportEntry | None:
+    """An entry of a file this module wrote or will replace, read (None where it is invalid:
+    the gate lists it as such, and nothing here takes it for another)."""
+    try:
+        return read_entry(entry)
+    except ValidationError:
+        return None
 
 
 def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dict) -> list[str]:
@@ -152,25 +153,24 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
     """
     created = _now()
     lines = []
-    for entry in _confirmable(document, family, run):
-        candidates = set(evidence_passed(entry))
-        ours = [r for r in rows
-                if r.workload == entry["workload"] and r.method in candidates]
+    for entry, read in _confirmable(document, family, run):
+        candidates = set(read.passed_methods())
+        ours = [r for r in rows if r.workload == read.workload and r.method in candidates]
         if not ours:
             continue
-        thresholds = Thresholds(**entry.get("thresholds", {}))
+        thresholds = Thresholds(**(read.thresholds or {}))
         judged = [(r, failures(r, thresholds)) for r in ours]
         passing = [r for r, why in judged if not why]
-        pair = f"{family}/{entry['workload']}"
+        pair = f"{family}/{read.workload}"
         held_out = {"generated_by": run["command"], "created": created, "repos": run["repos"],
-                    "covers": run["covers"].get(entry["workload"]),
+                    "covers": run["covers"].get(read.workload),
                     "seed": run["seed"], "seconds": run["seconds"],
                     "resumed_tasks": run.get("resumed_tasks", 0), "machine": run["machine"]}
         if passing:
             best = _cheapest(passing)
-            evidence = {c["method"]: c.get("measured") for c in entry.get("candidates", [])}
+            evidence = {c.method: c.measured for c in read.candidates or ()}
             measured = evidence.get(best.method) or (
-                entry.get("measured") if entry.get("method") == best.method else None)
+                read.measured if read.method == best.method else None)
             held_out.update(passed=True, method=best.method, measured=_measured(best))
             entry.update(strategy=best.strategy, ratio=best.ratio,
                          conditioning=best.conditioning, method=best.method,
@@ -192,33 +192,40 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
     return lines
 
 
-def _confirmable(document: dict, family: str, run: dict) -> list[dict]:
+def _confirmable(document: dict, family: str, run: dict) -> list[tuple[dict, SupportEntry]]:
     """The entries of ``document`` that ``run``'s held-out tasks can confirm: passed on their
     evidence, for the run's engine and family, measured on its model, for its tasks'
     languages; where a language set has entries in several context bands, the one in the
-    band of the run's tasks (a 4K run confirms the 4K entry, not the 2K one beside it)."""
+    band of the run's tasks (a 4K run confirms the 4K entry, not the 2K one beside it). Each
+    as the file has it (confirming changes it there), and read."""
     out = []
-    for entry in document.get("entries", []):
-        if (_pair(entry) != (run["engine"], family, entry.get("workload"))
-                or not evidence_passed(entry)):
+    for raw in document.get("entries", []):
+        entry = _read(raw)
+        if (entry is None or entry.pair != (run["engine"], family, entry.workload)
+                or not entry.passed_methods()):
             continue
-        covered = run["covers"].get(entry["workload"]) or {}
-        if entry.get("model") not in {m["fingerprint"] for m in covered.get("models", [])}:
+        covered = _covers(run, entry.workload)
+        if covered is None or entry.model not in {m.fingerprint for m in covered.models}:
             continue  # measured on another model: these rows say nothing of it
-        ran = covered.get("languages")
-        if languages_overlap(entry_languages(entry), None if ran is None else frozenset(ran)):
-            out.append(entry)
+        ran = covered.languages
+        if languages_overlap(entry.languages, None if ran is None else frozenset(ran)):
+            out.append((raw, entry))
 
     def in_band(entry):
-        covered = run["covers"].get(entry["workload"]) or {}
-        return entry_band(entry) == context_band(covered.get("context_tokens"))
+        return entry.band == context_band(_covers(run, entry.workload))
 
     def in_band_beside(entry, other):  # for the same tasks, and in the run's band
-        return (other is not entry and other["workload"] == entry["workload"] and in_band(other)
-                and languages_overlap(entry_languages(other), entry_languages(entry)))
+        return (other is not entry and other.workload == entry.workload and in_band(other)
+                and languages_overlap(other.languages, entry.languages))
 
-    return [entry for entry in out
-            if in_band(entry) or not any(in_band_beside(entry, other) for other in out)]
+    return [(raw, entry) for raw, entry in out
+            if in_band(entry) or not any(in_band_beside(entry, other) for _, other in out)]
+
+
+def _covers(run: dict, workload: str) -> Covers | None:
+    """What ``run``'s tasks of ``workload`` covered (None: it ran none)."""
+    covered = run["covers"].get(workload)
+    return None if covered is None else Covers.model_validate(covered)
 
 
 def coverage(measures, tasks, model: dict) -> dict[str, dict]:
@@ -302,23 +309,20 @@ def read_support_document(path: str | Path, option: str = "--write-gate") -> dic
     except (UnreadableSupportFile, json.JSONDecodeError) as error:
         raise SupportFileError(f"{option} {path} is not a readable support file ({error}); "
                                + advice) from error
-    if not (isinstance(data, dict) and data.get("format") == 1
-            and isinstance(data.get("entries"), list)
-            and all(isinstance(entry, dict) for entry in data["entries"])):
+    if SupportFile.problem(data) or "format" not in data or not all(
+            isinstance(entry, dict) for entry in data["entries"]):
         raise SupportFileError(f"{option} {path} is not a codekv support file (format 1, a "
                                "list of entries); " + advice)
     return data
 
 
-def _pair(entry: dict) -> tuple:
-    return (entry.get("backend", TRANSFORMERS), entry.get("family"), entry.get("workload"))
-
-
 def _same_request(a: dict, b: dict) -> bool:
     """Whether entries ``a`` and ``b`` would speak for the same requests: one pair, measured
     on one model, with languages that overlap, in one context band (``codekv.gate``: one entry
-    per model, set of languages and band)."""
-    return _pair(a) == _pair(b) and a.get("model") == b.get("model") and same_requests(a, b)
+    per model, set of languages and band). An invalid entry speaks for none."""
+    a, b = _read(a), _read(b)
+    return (a is not None and b is not None and a.pair == b.pair and a.model == b.model
+            and a.same_requests(b))
 
 
 def write_json(path: str | Path, data: dict) -> None:
