@@ -183,7 +183,8 @@ def test_sampling_is_seeded_and_top_p_zero_is_greedy(exact_server):
     ({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
     ({"model": TINY, "messages": []}, 400, "messages"),
     ({"model": TINY}, 400, "messages"),
-    ({"model": TINY, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0]"),
+    ({"model": TINY, "messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "messages[0].role"),
     ({"model": TINY, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}, 400,
      "max_tokens"),
@@ -195,7 +196,7 @@ def test_sampling_is_seeded_and_top_p_zero_is_greedy(exact_server):
      400, "temperature"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400,
-     "stop"),
+     "stop[0]"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}],
       "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ({"model": TINY, "messages": [{"role": "user", "content": "word " * 900}]}, 400,
@@ -783,4 +784,4 @@ def test_a_forced_continuation_is_the_reply_and_scored(exact_server, tiny_model_
     assert len(reply.model_extra["codekv"]["continuation_nll"]) == 3
     bad = httpx.post(exact_server.url + "/v1/chat/completions",
                      json={"model": TINY, "messages": messages, "codekv": {"continuation": 3}})
-    assert bad.status_code == 400 and error_of(bad)["param"] == "codekv"
+    assert bad.status_code == 400 and error_of(bad)["param"] == "codekv.continuation"
