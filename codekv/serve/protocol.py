@@ -285,6 +285,8 @@ def bad_request(error: ValidationError) -> tuple[str, str]:
     texts = list(dict.fromkeys(e["msg"] for e in errors))
     if errors[0]["type"] == "missing":
         return f"{param} is required", param
+    if errors[0]["type"] == "string_unicode":  # pydantic-core's own check, on constrained text
+        return f"{param} holds a lone UTF-16 surrogate: text must be valid Unicode", param
     if errors[0]["type"] in CUSTOM:
         message = f"{param} {texts[0]}"
     elif all(t.startswith("Input should be ") for t in texts):
