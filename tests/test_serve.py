@@ -323,34 +323,6 @@ def test_a_client_gone_mid_stream_frees_the_model(exact_server):
     assert httpx.get(exact_server.url + "/health").json()["busy"] is False
 
 
-def test_sigterm_lets_the_request_in_flight_finish(tiny_model_dir, tiny_support, tmp_path):
-    import signal
-
-    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY],
-                          tmp_path / "home", tiny_support).wait()
-    replies = []
-
-    def post() -> None:
-        replies.append(httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-            "model": TINY, "messages": chat(lead="A long one."), "max_tokens": 120,
-            "temperature": 0}))
-
-    thread = threading.Thread(target=post)
-    thread.start()
-    try:
-        while not httpx.get(server.url + "/health").json()["busy"]:
-            assert thread.is_alive(), "the request finished before the test could stop it"
-        server.process.send_signal(signal.SIGTERM)
-        thread.join(timeout=60)
-        # uvicorn drains, then raises the signal again: the process ends as SIGTERM says.
-        assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)
-    finally:
-        server.stop()
-    (reply,) = replies
-    assert reply.status_code == 200
-    assert reply.json()["choices"][0]["finish_reason"] in ("length", "stop")
-
-
 def test_kill_9_mid_request_loses_nothing_already_stored(tiny_model_dir, tiny_support,
                                                         tmp_path):
     """SIGKILL while a reply streams: a new server on the same store reuses what the first
