@@ -511,11 +511,12 @@ def test_segments_inside_the_exact_prefix_are_exact_and_stored_if_the_store_lost
 
 def test_two_servers_sharing_a_redis_store(tiny_model_dir, tiny_support, redis_url, tmp_path):
     """What one server stored, the other (another home, another process) reuses: the same key
-    is the same scope on both."""
+    under the same ``$CODEKV_KEY_SECRET`` is the same scope on both."""
     args = ["--model", str(tiny_model_dir), "--served-model-name", TINY, "--store", redis_url,
             "--min-segment-tokens", "8", "--api-key", KEYS[0]]
-    first = ServeProcess(args, tmp_path / "first", tiny_support).wait()
-    second = ServeProcess(args, tmp_path / "second", tiny_support).wait()
+    env = {**tiny_support, "CODEKV_KEY_SECRET": "one secret for the deployment"}
+    first = ServeProcess(args, tmp_path / "first", env).wait()
+    second = ServeProcess(args, tmp_path / "second", env).wait()
     try:
         _, report, _, _ = ask(first.client(KEYS[0]), chat(FILE, lead="On the first server."))
         assert report["segments_stored"] == 1 and report["store_error"] is None

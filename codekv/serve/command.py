@@ -153,7 +153,7 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
         raise click.ClickException(f"--reuse {reuse}: {error}") from error
     name = served_model_name or _model_name(model)
     scope = os.environ.get(SCOPE_ENV) or "serve"
-    drain = Drain()
+    drain = Drain(lambda: not pipeline.busy and not pipeline.waiting)
     app = create_app(pipeline, name, keys, scope, key_secret(index_dir or paths.home()), drain)
     click.echo(f"codekv serve: http://{host}:{port}/v1, model {name!r}, store "
                f"{kv_store.location}, {len(keys)} API key(s)"

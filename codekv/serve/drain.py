@@ -1,6 +1,7 @@
 """Draining on SIGTERM (or a first Ctrl-C): the requests in flight finish, streams included,
-while new ones get 503 with Retry-After (and ``/health`` says ``draining``, for a load
-balancer); then uvicorn's own shutdown. A second signal, or ``DRAIN_S`` without the last
+and the model's work after their replies (storing new segments), while new ones get 503 with
+Retry-After (and ``/health`` says ``draining``, for a load balancer); then uvicorn's own
+shutdown. A second signal, or ``DRAIN_S`` without the last
 request finishing, shuts down at once, as uvicorn alone would.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 
 import uvicorn
 from sse_starlette.sse import AppStatus
@@ -16,9 +18,11 @@ DRAIN_S = 30.0
 
 
 class Drain:
-    """Whether the server drains, and the requests in flight (``InFlight`` counts them)."""
+    """Whether the server drains, and the requests in flight (``InFlight`` counts them);
+    ``idle`` says whether the model has work left after them."""
 
-    def __init__(self):
+    def __init__(self, idle: Callable[[], bool] = lambda: True):
+        self.idle = idle
         self.in_flight = 0
         self.signal: int | None = None
         self._since = 0.0
@@ -31,7 +35,7 @@ class Drain:
         self.signal, self._since = sig, time.monotonic()
 
     def done(self) -> bool:
-        return self.in_flight == 0 or time.monotonic() - self._since > DRAIN_S
+        return (self.in_flight == 0 and self.idle()) or time.monotonic() - self._since > DRAIN_S
 
 
 class InFlight:
