@@ -74,7 +74,8 @@ class Metrics:
         waiting = Gauge("codekv_queue_waiting", "Requests waiting for the model",
                         registry=self.registry)
         waiting.set_function(lambda: engine.waiting)
-        cancelled = Gauge("codekv_cancelled_requests", "Replies cut short: their client left",
+        cancelled = Gauge("codekv_cancelled_requests", "Requests whose client left: dropped "
+                          "from the queue or their reply cut short",
                           registry=self.registry)
         cancelled.set_function(lambda: engine.cancelled)
         prefix = Gauge("codekv_exact_prefix_bytes", "KV the exact-prefix cache holds",
