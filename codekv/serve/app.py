@@ -1,9 +1,12 @@
 """The OpenAI-compatible HTTP surface of ``codekv serve`` (Starlette; streams as server-sent
 events with sse-starlette; Prometheus metrics).
 
-Requests are checked here, before they queue; every refusal is an OpenAI error object with its
-status code, never a traceback. Each reply carries a ``codekv`` object (and the final chunk of
-a stream does) saying how its prompt was served, and the header ``x-codekv-status``.
+Requests are checked against the wire types (``codekv.serve.protocol``) before they queue;
+every refusal is an OpenAI error object with its status code, never a traceback. A client that
+closes its connection cancels its job, queued or running; while the server drains
+(``codekv.serve.drain``) new requests get 503. Each reply carries a ``codekv`` object (and
+the final chunk of a stream does) saying how its prompt was served, and the header
+``x-codekv-status``.
 """
 
 from __future__ import annotations
