@@ -165,3 +165,13 @@ def test_a_failure_mid_stream_ends_it_with_an_error_of_the_same_shape(app_client
     assert events[-1] == {"error": {"message": "internal error: RuntimeError: the device went "
                                                "away", "type": "server_error", "param": None,
                                     "code": None}}
+
+
+def test_nulls_and_unknown_fields_leave_the_defaults(server):
+    """What OpenAI's clients send for options left unset: null, or fields codekv has no use for."""
+    response = post(server, chat_body(', "temperature": null, "top_p": null, "n": null, '
+                                      '"stop": null, "seed": null, "stream_options": null, '
+                                      '"tools": null, "logprobs": false, "user": "u-1", '
+                                      '"presence_penalty": 0'))
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] <= 2

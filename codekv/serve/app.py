@@ -117,7 +117,8 @@ def internal(error: BaseException) -> RequestError:
 def sampling_of(request: wire.Request, default_max: int | None) -> Sampling:
     limit = request.token_limit
     return Sampling(max_tokens=default_max if limit is None else limit,
-                    temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                    temperature=1.0 if request.temperature is None else request.temperature,
+                    top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
                     stop=request.stops)
 
 
@@ -326,8 +327,7 @@ def create_app(engine: Engine, model_id: str, api_keys: list[str] | None = None,
 
     async def models(request: Request) -> Response:
         authorized(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": 0, "owned_by": "codekv"}]})
+        return JSONResponse(wire.ModelList(data=[wire.ModelCard(id=model_id)]).model_dump())
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "draining" if drain.draining else "ok",

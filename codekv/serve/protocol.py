@@ -72,11 +72,11 @@ class Request(BaseModel):
     model: Annotated[str, Field(strict=True)]
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
-    temperature: Annotated[Number, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[Number, Field(ge=0, le=1)] = 1.0
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = None  # None: 1
+    top_p: Annotated[Number, Field(ge=0, le=1)] | None = None  # None: 1
     seed: Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])] | None = None
     stop: Text | Annotated[list[Text], Field(max_length=MAX_STOPS)] | None = None
-    n: Literal[1] = 1
+    n: Literal[1] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     top_logprobs: None = None
@@ -242,6 +242,18 @@ class Chunk(BaseModel):
     choices: list[ChunkChoice] | list[CompletionChoice]
     usage: Annotated[Usage | None, Field(exclude_if=_absent)] = None
     codekv: Annotated[dict | None, Field(exclude_if=_absent)] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "codekv"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class ErrorDetail(BaseModel):
