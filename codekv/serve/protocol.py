@@ -28,8 +28,8 @@ from pydantic_core import PydanticCustomError
 MAX_STOPS = 4
 # The seeds the sampler's generator takes (torch.Generator.manual_seed).
 SEED_RANGE = (-(2**63), 2**64 - 1)
-# Fields codekv refuses, rather than ignore, unless left at their defaults: what it does not do.
 CUSTOM = ("range", "unicode")  # the types of this module's own errors: they say it all
+# Fields codekv refuses, rather than ignore, unless left at their defaults: what it does not do.
 NOT_SERVED = {"n": "one choice is returned (n=1)",
               "logprobs": "codekv returns no log probabilities",
               "top_logprobs": "codekv returns no log probabilities"}
