@@ -183,7 +183,8 @@ def test_sampling_is_seeded_and_top_p_zero_is_greedy(exact_server):
     ({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
     ({"model": TINY, "messages": []}, 400, "messages"),
     ({"model": TINY}, 400, "messages"),
-    ({"model": TINY, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0]"),
+    ({"model": TINY, "messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "messages[0].role"),
     ({"model": TINY, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}, 400,
      "max_tokens"),
@@ -195,7 +196,7 @@ def test_sampling_is_seeded_and_top_p_zero_is_greedy(exact_server):
      400, "temperature"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400,
-     "stop"),
+     "stop[0]"),
     ({"model": TINY, "messages": [{"role": "user", "content": "hi"}],
       "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ({"model": TINY, "messages": [{"role": "user", "content": "word " * 900}]}, 400,
@@ -320,34 +321,6 @@ def test_a_client_gone_mid_stream_frees_the_model(exact_server):
     assert isinstance(text, str) and report["prompt_tokens"] > 0
     assert cancelled(exact_server) == before + 1  # its reply was cut short, not finished
     assert httpx.get(exact_server.url + "/health").json()["busy"] is False
-
-
-def test_sigterm_lets_the_request_in_flight_finish(tiny_model_dir, tiny_support, tmp_path):
-    import signal
-
-    server = ServeProcess(["--model", str(tiny_model_dir), "--served-model-name", TINY],
-                          tmp_path / "home", tiny_support).wait()
-    replies = []
-
-    def post() -> None:
-        replies.append(httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-            "model": TINY, "messages": chat(lead="A long one."), "max_tokens": 120,
-            "temperature": 0}))
-
-    thread = threading.Thread(target=post)
-    thread.start()
-    try:
-        while not httpx.get(server.url + "/health").json()["busy"]:
-            assert thread.is_alive(), "the request finished before the test could stop it"
-        server.process.send_signal(signal.SIGTERM)
-        thread.join(timeout=60)
-        # uvicorn drains, then raises the signal again: the process ends as SIGTERM says.
-        assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)
-    finally:
-        server.stop()
-    (reply,) = replies
-    assert reply.status_code == 200
-    assert reply.json()["choices"][0]["finish_reason"] in ("length", "stop")
 
 
 def test_kill_9_mid_request_loses_nothing_already_stored(tiny_model_dir, tiny_support,
@@ -538,11 +511,12 @@ def test_segments_inside_the_exact_prefix_are_exact_and_stored_if_the_store_lost
 
 def test_two_servers_sharing_a_redis_store(tiny_model_dir, tiny_support, redis_url, tmp_path):
     """What one server stored, the other (another home, another process) reuses: the same key
-    is the same scope on both."""
+    under the same ``$CODEKV_KEY_SECRET`` is the same scope on both."""
     args = ["--model", str(tiny_model_dir), "--served-model-name", TINY, "--store", redis_url,
             "--min-segment-tokens", "8", "--api-key", KEYS[0]]
-    first = ServeProcess(args, tmp_path / "first", tiny_support).wait()
-    second = ServeProcess(args, tmp_path / "second", tiny_support).wait()
+    env = {**tiny_support, "CODEKV_KEY_SECRET": "one secret for the deployment"}
+    first = ServeProcess(args, tmp_path / "first", env).wait()
+    second = ServeProcess(args, tmp_path / "second", env).wait()
     try:
         _, report, _, _ = ask(first.client(KEYS[0]), chat(FILE, lead="On the first server."))
         assert report["segments_stored"] == 1 and report["store_error"] is None
@@ -785,4 +759,4 @@ def test_a_forced_continuation_is_the_reply_and_scored(exact_server, tiny_model_
     assert len(reply.model_extra["codekv"]["continuation_nll"]) == 3
     bad = httpx.post(exact_server.url + "/v1/chat/completions",
                      json={"model": TINY, "messages": messages, "codekv": {"continuation": 3}})
-    assert bad.status_code == 400 and error_of(bad)["param"] == "codekv"
+    assert bad.status_code == 400 and error_of(bad)["param"] == "codekv.continuation"

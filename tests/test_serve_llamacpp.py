@@ -136,23 +136,23 @@ def served(engine, text: str):
     """The outcome of a one-token greedy completion of ``text`` on ``engine``."""
     import threading
 
-    from codekv.serve.engine import Job, Prompt, Sampling
+    from codekv.serve.engine import Failed, Final, Job, Prompt, Sampling
 
     events, done = [], threading.Event()
 
     def emit(event):
         events.append(event)
-        if event[0] in ("done", "error"):
+        if isinstance(event, Final | Failed):
             done.set()
 
     engine.submit(Job("test", lambda: Prompt(text, [text]), Sampling(max_tokens=1,
                                                                      temperature=0), emit,
                       chat=False))
     assert done.wait(60)
-    assert events[-1][0] == "done", events[-1]
+    assert isinstance(events[-1], Final), events[-1]
     while engine.busy:  # segments are stored once the reply is out
         time.sleep(0.01)
-    return events[0][1]
+    return events[0].outcome
 
 
 def kept_lengths(engine) -> dict[int, int]:
@@ -300,22 +300,22 @@ def served_prompt(engine, prompt):
     """(outcome, next-token logits) of a one-token greedy reply to ``prompt``."""
     import threading
 
-    from codekv.serve.engine import Job, Sampling
+    from codekv.serve.engine import Failed, Final, Job, Sampling
 
     events, done = [], threading.Event()
 
     def emit(event):
         events.append(event)
-        if event[0] in ("done", "error"):
+        if isinstance(event, Final | Failed):
             done.set()
 
     engine.submit(Job("test", lambda: prompt, Sampling(max_tokens=1, temperature=0), emit,
                       continuation="x"))
     assert done.wait(60)
-    assert events[-1][0] == "done", events[-1]
+    assert isinstance(events[-1], Final), events[-1]
     while engine.busy:  # segments are stored once the reply is out
         time.sleep(0.01)
-    return events[0][1]
+    return events[0].outcome
 
 
 def test_a_new_segment_is_stored_against_the_kept_system_message(tiny_engine):

@@ -28,22 +28,22 @@ def prompt(*parts: str):
 def served(engine, scope: str, parts: tuple[str, ...], continuation: str = REPLY):
     """The outcome of ``parts`` as a completion on ``engine``, the continuation forced and
     scored."""
-    from codekv.serve.engine import Job, Sampling
+    from codekv.serve.engine import Failed, Final, Job, Sampling
 
     events, done = [], threading.Event()
 
     def emit(event):
         events.append(event)
-        if event[0] in ("done", "error"):
+        if isinstance(event, Final | Failed):
             done.set()
 
     engine.submit(Job(scope, lambda: prompt(*parts), Sampling(max_tokens=64, temperature=0),
                       emit, chat=False, continuation=continuation))
     assert done.wait(60)
-    assert events[-1][0] == "done", events[-1]
+    assert isinstance(events[-1], Final), events[-1]
     while engine.busy:  # the last prompt is kept once the reply is out
         threading.Event().wait(0.01)
-    outcome = events[0][1]
+    outcome = events[0].outcome
     parts_ = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
     assert sum(getattr(outcome, p) for p in parts_) == outcome.prompt_tokens
     return outcome
@@ -186,7 +186,7 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
     """On transformers a placeholder costs nothing, so a new segment between reused ones is
     computed in place for the request, and for the store (alone) only once the reply is out:
     not before the first token, as where a placeholder is the text computed alone."""
-    from codekv.serve.engine import Job, Sampling
+    from codekv.serve.engine import Failed, Final, Job, Sampling
 
     engine = engine_of(strategy="all")
     backend = engine.backend
@@ -205,8 +205,8 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
     done = threading.Event()
 
     def emit(event):
-        timeline.append(event[0])
-        if event[0] in ("done", "error"):
+        timeline.append(type(event).__name__)
+        if isinstance(event, Final | Failed):
             done.set()
 
     engine.submit(Job("agent", lambda: prompt(*second), Sampling(max_tokens=1, temperature=0),
@@ -214,4 +214,4 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
     assert done.wait(60)
     while engine.busy:
         threading.Event().wait(0.01)
-    assert [e for e in timeline if e != "text"] == ["prefilled", "done", "computed alone"]
+    assert [e for e in timeline if e != "Partial"] == ["Prefilled", "Final", "computed alone"]

@@ -505,6 +505,11 @@ def test_local_store_in_front_keeps_a_copy_of_shared_hits(redis_url, tmp_path):
     ("redis://alice:hunter2@127.0.0.1:x/0", "bad port in redis://alice:***@127.0.0.1:x/0"),
     ("redis://alice:hunter2@127.0.0.1:{port}/one", "redis://alice:***@127.0.0.1"),
     ("local,redis://alice:hunter2@127.0.0.1:{port}/0?kv_dtype=int8", "kv_dtype=int8"),
+    # A password holding "@", "/" or a space is masked whole (the URL is parsed once).
+    ("redis://:p@ss-hunter2@127.0.0.1:{port}/abc", "database 'abc' in redis://:***@127.0.0.1:"),
+    ("redis://alice:pa ss@hunter2@127.0.0.1:x/0", "bad port in redis://alice:***@127.0.0.1:x/0"),
+    ("local,redis://:pa/ss-hunter2@127.0.0.1:{port}/0", "percent-encode them (%2F"),
+    ("redis+cluster://:a?b-hunter2@127.0.0.1:{port},127.0.0.1:1", "redis+cluster://:***@127.0"),
 ])
 def test_a_bad_store_url_is_a_clear_error_that_shows_no_password(spec, expected, git_repo,
                                                                  byte_counter):
@@ -535,6 +540,16 @@ def test_credentials_are_masked_wherever_a_url_appears():
         assert secret not in masked
     assert "rediss://svc:***@kv:6380/2" in masked and "password=***&db=1" in masked
     assert "redis://bob@h/0 plain" in masked  # a user name alone is not a secret
+    assert mask_credentials("at redis://:p@ss/w-hunter2@h/0 now") == "at redis://:***@h/0 now"
+
+
+def test_an_error_about_a_url_shows_none_of_its_secrets_whatever_they_hold():
+    from codekv.stores.urls import mask_secrets, mask_url
+
+    url = "rediss://alice:pa ss@w%2Fhunter2@kv:6380/0?password=s3cret&socket_timeout=2"
+    assert mask_url(url) == "rediss://alice:***@kv:6380/0?password=***&socket_timeout=2"
+    error = "AUTH failed for 'pa ss@w/hunter2' (password=s3cret) at kv:6380"
+    assert mask_secrets(error, url) == "AUTH failed for '***' (password=***) at kv:6380"
 
 
 def test_a_key_of_another_type_is_a_bad_entry_not_an_outage(redis_url, redis_server):

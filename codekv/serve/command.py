@@ -98,9 +98,15 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
                   prefix_cache_mb):
     """Serve the model over an OpenAI-compatible HTTP API, reusing what clients re-send."""
     from codekv import paths
+    from codekv.serve.keys import key_refusal, key_secret
     from codekv.stores import SCOPE_ENV, StoreSpecError, default_kv_store
 
     keys = [k for k in (*api_keys, os.environ.get("CODEKV_API_KEY", "")) if k]
+    for number, key in enumerate(keys, 1):
+        if refusal := key_refusal(key):
+            raise click.ClickException(f"API key {number} of {len(keys)} {refusal}: a client "
+                                       "could never send it (Authorization: Bearer KEY carries "
+                                       "printable ASCII without spaces)")
     if not is_loopback(host) and not keys:
         raise click.ClickException(f"--host {host} is reachable from other machines: give "
                                    "--api-key (or bind 127.0.0.1)")
@@ -111,6 +117,7 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
         import uvicorn
 
         from codekv.serve.app import create_app
+        from codekv.serve.drain import Drain, DrainingServer
         from codekv.serve.engine import Engine
     except ImportError as error:
         raise click.ClickException(f"codekv serve needs the 'serve' extra: pip install "
@@ -142,12 +149,15 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
         raise click.ClickException(f"--reuse {reuse}: {error}") from error
     name = served_model_name or _model_name(model)
     scope = os.environ.get(SCOPE_ENV) or "serve"
-    app = create_app(pipeline, name, keys, scope)
+    drain = Drain(lambda: not pipeline.busy and not pipeline.waiting)
+    app = create_app(pipeline, name, keys, scope, key_secret(index_dir or paths.home()), drain)
     click.echo(f"codekv serve: http://{host}:{port}/v1, model {name!r}, store "
                f"{kv_store.location}, {len(keys)} API key(s)"
                + (f"; gate: {gate.error}" if gate.error else ""), err=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+        # SIGTERM drains what is in flight first (codekv.serve.drain), then uvicorn shuts down.
+        DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                      timeout_graceful_shutdown=5), drain).run()
     finally:
         pipeline.close()
 

@@ -125,16 +125,50 @@ class Outcome:
         return data
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """The prompt is served (its reply's tokens follow): how."""
+
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The reply's next text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Final:
+    """The reply is done: why, and its tokens (``finish_reason`` ``cancelled``: its client
+    left)."""
+
+    finish_reason: str
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed; after ``Prefilled`` its stream has started."""
+
+    error: RequestError
+
+
+Event = Prefilled | Partial | Final | Failed
+
+
 @dataclass
 class Job:
     """One request for the worker; ``emit`` receives its events, from the worker's thread:
-    ("prefilled", Outcome), ("text", str), ("done", finish_reason, completion_tokens),
-    ("error", RequestError)."""
+    ``Prefilled``, then ``Partial`` text, then ``Final``; or ``Failed`` at any point. Once
+    ``cancelled`` is set (its client left) it is dropped before its prefill, or stops between
+    two decode steps."""
 
     scope: str
     prompt: Callable[[], Prompt]
     sampling: Sampling
-    emit: Callable[[tuple], None]
+    emit: Callable[[Event], None]
     chat: bool = True
     continuation: str | None = None  # text to force as the reply, scoring each token
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -203,17 +237,18 @@ class Engine:
             job = self._jobs.get()
             if job is None:
                 return
-            if job.cancelled.is_set():
+            if job.cancelled.is_set():  # its client left while it waited
+                self.cancelled += 1
                 continue
             self.busy = True
             try:
                 self._serve(job)
             except RequestError as error:
-                job.emit(("error", error))
+                job.emit(Failed(error))
             except Exception as error:  # the server goes on serving the others
                 log.exception("request failed")
-                job.emit(("error", RequestError(500, f"internal error: {type(error).__name__}: "
-                                                     f"{error}", kind="server_error")))
+                job.emit(Failed(RequestError(500, f"internal error: {type(error).__name__}: "
+                                                  f"{error}", kind="server_error")))
             finally:
                 self.busy = False
 
@@ -238,12 +273,12 @@ class Engine:
         state, pending = self._prefill(job.scope, ids, segments, system_tokens, outcome)
         outcome.ttft_s = time.perf_counter() - started
         outcome.store_error = self.store.error
-        job.emit(("prefilled", outcome))
+        job.emit(Prefilled(outcome))
         forced = None if job.continuation is None else backend.tokenize(job.continuation)
         if forced is not None:
             outcome.continuation_nll = []
         finish, count = self._generate(state, job, forced, outcome)
-        job.emit(("done", finish, count))
+        job.emit(Final(finish, count))
         chunks = self._chunks(job.scope)
         for piece, after, after_kv in pending:  # for next time, once the reply is out
             chunks.kv(piece, after, after_kv=after_kv)
@@ -541,19 +576,19 @@ class Engine:
             cut = first_stop(text, sampling.stop)
             if cut is not None:
                 if cut > sent:
-                    job.emit(("text", text[sent:cut]))
+                    job.emit(Partial(text[sent:cut]))
                 return "stop", len(tokens)
             safe = len(text) - holdback
             while safe > sent and text[safe - 1] == "\ufffd":  # an unfinished character
                 safe -= 1
             if safe > sent:
-                job.emit(("text", text[sent:safe]))
+                job.emit(Partial(text[sent:safe]))
                 sent = safe
             if len(tokens) < budget:
                 backend.extend(state, [token])
         text = backend.detokenize(tokens)
         if len(text) > sent:
-            job.emit(("text", text[sent:]))
+            job.emit(Partial(text[sent:]))
         return finish, len(tokens)
 
 

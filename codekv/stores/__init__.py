@@ -39,7 +39,7 @@ from codekv.stores.urls import (
     REDIS_SCHEMES,
     check_cluster_url,
     check_redis_url,
-    mask_credentials,
+    mask_url,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def _any_url(url: str) -> None:
     try:
         urlsplit(url).port  # noqa: B018 - raises on a port that is not a number
     except ValueError as error:
-        raise StoreSpecError(f"bad port in {mask_credentials(url)}: {error}") from error
+        raise StoreSpecError(f"bad port in {mask_url(url)}: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,11 @@ def check_spec(spec: str) -> list[str]:
         url = spec.strip()
         parts = [url]
     else:
-        raise StoreSpecError(f"not a store: {mask_credentials(spec)} (use a directory, a store "
+        raise StoreSpecError(f"not a store: {mask_url(spec)} (use a directory, a store "
                              "URL, or local,<url>)")
     kind = STORES.get(url.partition(":")[0])
     if kind is None:
-        raise StoreSpecError(f"not a store URL: {mask_credentials(url)} (use a directory, "
+        raise StoreSpecError(f"not a store URL: {mask_url(url)} (use a directory, "
                              "redis://[user:password@]host:port/db, rediss://..., or "
                              f"local,<url>; schemes: {', '.join(STORES)})")
     kind.check(url)

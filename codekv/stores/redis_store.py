@@ -55,7 +55,13 @@ from codekv.stores.entry import (
     header_length,
     header_meta,
 )
-from codekv.stores.urls import check_redis_url, mask_credentials, public_url
+from codekv.stores.urls import (
+    check_redis_url,
+    mask_credentials,
+    mask_secrets,
+    mask_url,
+    public_url,
+)
 
 TIMEOUT_S = 5.0  # per socket read or write; a 4K-token request's largest chunk is ~25 MB
 CONNECT_TIMEOUT_S = 1.0
@@ -153,8 +159,8 @@ class RedisKVStore(KVStore):
         try:
             client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **CLIENT_OPTIONS)
         except ValueError as error:
-            raise StoreSpecError(f"bad Redis URL {mask_credentials(url)}: "
-                                 f"{mask_credentials(str(error))}") from error
+            raise StoreSpecError(f"bad Redis URL {mask_url(url)}: "
+                                 f"{mask_secrets(str(error), url)}") from error
         return lambda: client
 
     @functools.cached_property

@@ -7,7 +7,7 @@ loads anything.
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from codekv.stores.base import StoreSpecError
 
@@ -20,7 +20,9 @@ KV_DTYPES_NAMES = ("float16", "bfloat16")  # ?kv_dtype= : 16-bit values on the w
 REDIS_OPTIONS = ("socket_timeout", "socket_connect_timeout",
                  "health_check_interval", "ssl_check_hostname", "protocol",
                  "username", "password", "kv_dtype")
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*)(:[^/@\s]*)?@")
+# In free text a password runs to the last "@" before a space (one with a space, only
+# ``mask_url`` finds: it knows where the URL ends).
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*)(:\S*)?@")
 _SECRET_PARAMETER = re.compile(
     r"(?P<name>[?&;](?:[A-Za-z0-9_-]*(?:pass|pwd|secret|token|auth|key|credential)"
     r"[A-Za-z0-9_-]*))=(?P<value>[^&#\s]*)", re.IGNORECASE)
@@ -32,6 +34,46 @@ def mask_credentials(text: str) -> str:
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@" if m.group(3)
                          else m.group(0), text)
     return _SECRET_PARAMETER.sub(lambda m: f"{m['name']}=***", text)
+
+
+def _credentials(url: str) -> tuple[str, str | None, str]:
+    """(what comes before the password, the password or None, what comes after it) of
+    ``url``, parsed once: its credentials run from ``://`` to its last ``@``, whatever they
+    hold (``@``, ``/``, spaces); a user name alone is no secret."""
+    start, at = url.find("://") + 3, url.rfind("@")
+    if start < 3 or at < start:
+        return url, None, ""
+    user, colon, password = url[start:at].partition(":")
+    if not colon:
+        return url, None, ""
+    return url[:start] + user + ":", password, url[at:]
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password and password-like query parameters as ``***``: how a URL is
+    shown."""
+    before, password, after = _credentials(url)
+    shown = url if password is None else f"{before}***{after}"
+    return _SECRET_PARAMETER.sub(lambda m: f"{m['name']}=***", shown)
+
+
+def mask_secrets(text: str, url: str) -> str:
+    """``text`` (an error about ``url``) with ``url``'s secrets, as written and decoded, as
+    ``***`` wherever they appear, and any other URL masked as ``mask_credentials`` does."""
+    _, password, _ = _credentials(url)
+    found = {password} if password else set()
+    found |= {m["value"] for m in _SECRET_PARAMETER.finditer(url) if m["value"]}
+    for secret in sorted(found | {unquote(s) for s in found}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return mask_credentials(text)
+
+
+def _check_password(url: str, shown: str) -> None:
+    """A password the client's URL parser reads whole: ``/``, ``?`` and ``#`` end its part."""
+    _, password, _ = _credentials(url)
+    if password and any(char in password for char in "/?#"):
+        raise StoreSpecError(f"the password in {shown} holds '/', '?' or '#', which end that "
+                             "part of a URL: percent-encode them (%2F, %3F, %23)")
 
 
 def public_url(url: str) -> str:
@@ -48,7 +90,8 @@ def public_url(url: str) -> str:
 def check_redis_url(url: str) -> None:
     """Raise ``StoreSpecError`` (credentials masked) unless ``url`` is a Redis URL codekv can
     open: ``redis[s]://[user:password@]host[:port][/db][?option=value...]``."""
-    shown = mask_credentials(url)
+    shown = mask_url(url)
+    _check_password(url, shown)
     parts = urlsplit(url)
     if parts.scheme not in REDIS_SCHEMES or not parts.hostname:
         raise StoreSpecError(f"not a Redis URL: {shown} (use "
@@ -73,7 +116,7 @@ def check_redis_url(url: str) -> None:
 def cluster_nodes(url: str) -> list[tuple[str, int]]:
     """The ``(host, port)`` of each node a Redis Cluster URL names (port 6379 when left out);
     raises ``StoreSpecError`` on a bad one."""
-    shown = mask_credentials(url)
+    shown = mask_url(url)
     hosts = urlsplit(url).netloc.rpartition("@")[2]
     nodes = []
     for address in hosts.split(","):
@@ -92,7 +135,8 @@ def check_cluster_url(url: str) -> None:
     """Raise ``StoreSpecError`` (credentials masked) unless ``url`` is a Redis Cluster URL
     codekv can open: ``redis[s]+cluster://[user:password@]host:port[,host:port...]
     [?option=value...]``; any node answers for the others. A cluster has database 0 only."""
-    shown = mask_credentials(url)
+    shown = mask_url(url)
+    _check_password(url, shown)
     parts = urlsplit(url)
     if parts.scheme not in CLUSTER_SCHEMES:
         raise StoreSpecError(f"not a Redis Cluster URL: {shown} (use "
