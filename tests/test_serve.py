@@ -735,7 +735,7 @@ def test_a_forced_continuation_is_the_reply_and_scored(exact_server, tiny_model_
     the backend scores it after full prefill of the prompt."""
     from codekv.backends import mean_nll
     from codekv.models import load_backend
-    from codekv.serve import chat
+    from codekv.serve.chat import render
 
     client = exact_server.client()
     messages = chat(FILE, lead="A new look.")
@@ -746,7 +746,7 @@ def test_a_forced_continuation_is_the_reply_and_scored(exact_server, tiny_model_
     report = reply.model_extra["codekv"]
     assert reply.choices[0].message.content == continuation
     backend = load_backend(str(tiny_model_dir))
-    rendered = chat.render(backend, messages)
+    rendered = render(backend, messages)
     ids, _ = backend.tokenize_prompt(rendered.text, rendered.markers)
     forced = backend.tokenize(continuation)
     assert len(report["continuation_nll"]) == len(forced) == reply.usage.completion_tokens

@@ -50,9 +50,9 @@ def agrees_within_floor(reference, messages, reply: str, cuts: list[int],
                         max_tokens: int) -> int:
     """Check ``reply`` against full prefill's greedy reply to ``messages``; how many tokens
     were compared (each where full prefill's margin was over twice the floor)."""
-    from codekv.serve import chat
+    from codekv.serve.chat import render
 
-    rendered = chat.render(reference, messages)
+    rendered = render(reference, messages)
     ids, _ = reference.tokenize_prompt(rendered.text, rendered.markers)
     split = reference.batch_reference(ids, cuts).logits
     state = reference.full_prefill(ids)

@@ -136,7 +136,7 @@ def events_of(response) -> list[dict]:
 def test_an_unexpected_failure_is_an_openai_500_streamed_or_not(app_client, monkeypatch):
     client, backend = app_client
 
-    def broken(text):
+    def broken(text, markers=()):
         raise IndexError("index out of range")
 
     monkeypatch.setattr(backend, "tokenize_prompt", broken)
