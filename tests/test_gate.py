@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import TEST_MODEL, covering, in_time
+from fixtures.checks import in_time
+from fixtures.evidence import TEST_MODEL, covering
 
 from codekv.gate import SupportGate
 

@@ -11,8 +11,8 @@ import json
 from importlib import resources
 
 import pytest
-from conftest import missing
-from test_compose import B2, PREFIX, QUERY, A, B, make_composer
+from fixtures.compose import B2, PREFIX, QUERY, A, B, make_composer
+from fixtures.needs import missing
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Passage
 from codekv.gate import GateRequest, SupportGate
@@ -122,7 +122,7 @@ def test_order_neighbour_and_repeats_stay_exact(gemma3_hf, tmp_path):
 
 
 def test_llama_cpp_all_is_within_the_batch_floor_past_the_window(gemma3_llama, tmp_path):
-    from test_backend_llamacpp import check_all
+    from fixtures.llamacpp import check_all
 
     floor, report = check_all(gemma3_llama, make_composer(gemma3_llama, tmp_path), [A, LONG, B])
     assert report.context_tokens > 2 * WINDOW + 100
@@ -134,7 +134,7 @@ def test_llama_cpp_all_after_a_prefix_is_within_the_batch_floor(gemma3_llama, tm
     cells as free (a window behind the request's last position), so the run recomputed after
     them missed them (`all` KL 0.044 where the floor is 0.005). Every request cell is now held
     twice (``PIN``), so none is taken."""
-    from test_backend_llamacpp import check_all
+    from fixtures.llamacpp import check_all
 
     comp = make_composer(gemma3_llama, tmp_path)
     for chunks in ([A, LONG, B], [A, LONG, A]):  # a repeated chunk was furthest off (0.23)

@@ -10,7 +10,8 @@ import stat
 import pygit2
 import pytest
 from click.testing import CliRunner
-from conftest import STDLIB_FILES, GitRepo, tiny_model, tiny_tokenizer
+from fixtures.models import tiny_model, tiny_tokenizer
+from fixtures.repos import STDLIB_FILES, GitRepo
 
 from codekv import paths
 from codekv.cli import main
@@ -29,7 +30,7 @@ GRID = ("none", "boundary@0.15")
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Index with byte counting (conftest's ``byte_counter``)."""
+    """Index with byte counting (the ``byte_counter`` fixture)."""
 
 
 @pytest.fixture(scope="module")
