@@ -173,6 +173,7 @@ def test_a_llama_cpp_entry_may_name_the_query_rule():
     assert not gate.verdict("llama", "code-qa").allowed
 
 
+@pytest.mark.llamacpp
 def test_what_an_engine_cannot_run_is_what_its_backend_refuses():
     """What each engine's registry entry says it cannot serve (torch-free, read by the gate)
     agrees with its backend's refusals."""

@@ -151,6 +151,7 @@ def test_a_trial_run_is_confirmed_on_held_out_tasks_and_licenses_nothing(repo, m
         task.id for task in other.evidence.tasks + other.held_out.tasks}
 
 
+@pytest.mark.llamacpp
 def test_a_model_on_llama_cpp_is_qualified_for_llama_cpp_only(repo, tiny_gguf):
     options = qualify.QualifyOptions(repos=(str(repo.root),), held_out_paths=("tools",),
                                      model=str(tiny_gguf), engine="llama.cpp", tasks=2,

@@ -656,6 +656,7 @@ def test_the_default_model_composed_with_all_replies_as_full_prefill(model_exact
 
 
 @pytest.mark.model
+@pytest.mark.llamacpp
 def test_the_default_gguf_served_on_llama_cpp(tmp_path_factory, model_cache):
     """The GGUF run as it is: its own chat template, its special tokens, its end of turn. The
     gate has no llama.cpp evidence: --experimental composes with the best measured rule the
