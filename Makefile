@@ -1,11 +1,12 @@
 # Quick start: `make demo` (set up, index the standard library), `make test` (set up, run the tests).
+# `make test-fast`: the tests without the llama.cpp build (the transformers setup only).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
 LLAMACPP := $(VENV)/.llamacpp-0.3.36-portable
 
-.PHONY: setup demo test lint bench-index
+.PHONY: setup demo test test-fast lint bench-index
 
 $(BIN)/codekv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,11 +54,17 @@ $(LLAMACPP): $(BIN)/codekv
 
 setup: $(BIN)/codekv $(LLAMACPP)
 
-demo: setup
+# Indexing needs no model runtime: the demo does not wait for llama.cpp's compile.
+demo: $(BIN)/codekv
 	$(BIN)/codekv index --stdlib
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# Deselects the tests marked llamacpp and skips the modules that import llama_cpp, with the
+# reason, also under CI=true (tests/conftest.py, --without-llamacpp).
+test-fast: $(BIN)/codekv
+	$(BIN)/python -m pytest -q --without-llamacpp
 
 lint: setup
 	$(BIN)/ruff check codekv tests benchmarks

@@ -3,7 +3,7 @@ parsing, resolution to a definition's span, and the errors that say what to writ
 
 import pytest
 from click.testing import CliRunner
-from test_chunks import C_TWO_MAINS, PYTHON_CLASS
+from fixtures.repos import C_TWO_MAINS, PYTHON_CLASS
 
 import codekv.index
 import codekv.tokens

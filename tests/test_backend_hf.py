@@ -1,7 +1,7 @@
 """HFBackend exactness on tiny random-weight models: full prefill of the same tokens is the truth.
 
 Exactness does not depend on training, so every family is checked with a 2-layer model built
-from its config (tests/conftest.py). Logits of these models are O(1), and the naive baseline
+from its config (tests/fixtures/models.py). Logits of these models are O(1), and the naive baseline
 differs from full prefill by > 1e-2, so the 1e-4 tolerance can tell a right answer from a wrong
 one.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_FAMILIES, tiny_model, tiny_tokenizer
+from fixtures.compose import composed_context, token_ids
+from fixtures.models import TINY_FAMILIES, tiny_model, tiny_tokenizer
 from transformers import DynamicCache
 
 from codekv.backends import hf
@@ -18,25 +19,6 @@ from codekv.backends.hf import ChunkKV, HFBackend, unsupported_reason
 
 FAMILIES = sorted(TINY_FAMILIES)
 TOL = 1e-4
-
-
-def token_ids(n: int, seed: int = 1) -> list[int]:
-    return torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def concat(parts: list[ChunkKV]) -> ChunkKV:
-    layers = range(len(parts[0].keys))
-    return ChunkKV([torch.cat([p.keys[i] for p in parts], dim=1) for i in layers],
-                   [torch.cat([p.values[i] for p in parts], dim=1) for i in layers])
-
-
-def composed_context(backend, chunks: list[list[int]]) -> tuple[list[int], ChunkKV]:
-    """Each chunk prefilled alone, re-positioned to its offset, concatenated."""
-    parts, offset = [], 0
-    for ids in chunks:
-        parts.append(backend.reposition(backend.prefill_chunk(ids), offset))
-        offset += len(ids)
-    return [t for ids in chunks for t in ids], concat(parts)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -357,7 +339,7 @@ def test_unsupported_models_are_refused(tiny_backend, case):
 
 
 def test_multimodal_model_is_refused():
-    from conftest import TINY_CONFIG
+    from fixtures.models import TINY_CONFIG
     from transformers import (
         CLIPVisionConfig,
         LlamaConfig,

@@ -16,7 +16,10 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import covering, gguf, require
+from fixtures.compose import B2, PREFIX, QUERY, A, B, C
+from fixtures.evidence import covering
+from fixtures.llamacpp import SAME_BATCHES, check_all, kl, max_diff
+from fixtures.needs import gguf, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
@@ -25,11 +28,7 @@ from codekv.stores.local import LocalKVStore
 
 require("llama_cpp", "llama-cpp-python is not installed (pip install 'codekv[llamacpp]')")
 
-from test_compose import B2, PREFIX, QUERY, A, B, C  # noqa: E402 - the composer's fixtures
-
 from codekv.backends.llamacpp import LlamaCppBackend  # noqa: E402
-
-SAME_BATCHES = 1e-3  # max |logit| difference to the same tokens decoded in the same batches
 
 
 @pytest.fixture(scope="session")
@@ -48,31 +47,6 @@ def smollm_llama():
 def composer(backend, tmp_path, experimental=True, store=None, gate=None) -> Composer:
     return Composer(backend, store=store or LocalKVStore(tmp_path / "kv"), scope="test",
                     gate=gate or SupportGate([], "test gate"), experimental=experimental)
-
-
-def kl(reference: torch.Tensor, other: torch.Tensor) -> float:
-    p, q = torch.log_softmax(reference.double(), -1), torch.log_softmax(other.double(), -1)
-    return float((p.exp() * (p - q)).sum())
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
-
-
-def check_all(backend, comp: Composer, chunks, prefix=None, strategy="all"):
-    """``all`` (or a rule at ratio 1) composed, against full prefill and against the same
-    batches: (floor, report)."""
-    result = comp.compose(chunks, QUERY, prefix=prefix, strategy=strategy, ratio=1.0)
-    assert result.status == COMPOSED, result.report.fallback_reason
-    composed, cuts = result.state.logits, result.state.cuts
-    full = comp.full_prefill(chunks, QUERY, prefix=prefix)
-    assert full.token_ids == result.token_ids
-    same = backend.batch_reference(result.token_ids, cuts)
-    assert max_diff(composed, same.logits) <= SAME_BATCHES
-    floor = kl(full.state.logits, same.logits)
-    divergence = kl(full.state.logits, composed)
-    assert divergence <= floor + 1e-4
-    return floor, result.report
 
 
 def test_all_agrees_with_full_prefill_within_the_batch_floor(smollm_llama, tmp_path):

@@ -1,6 +1,6 @@
 """C chunks, anchors and cross-file resolution against hand-checked fixtures."""
 
-from conftest import distinct_chunk_ids
+from fixtures.repos import distinct_chunk_ids
 
 from codekv.defuse.graph import ModuleResolver, build_graph
 from codekv.index import Index

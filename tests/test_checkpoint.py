@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fake_measure
+from fixtures.evidence import fake_measure
 
 from codekv.compose import Composer, Passage
 from codekv.eval import runner, workloads

@@ -5,25 +5,12 @@ gives every definition's span, budgets hold to the last byte, and deep nesting d
 import sys
 
 import pytest
-from conftest import missing
+from fixtures.needs import missing
+from fixtures.repos import C_TWO_MAINS, PYTHON_CLASS
 
 from codekv.analysis import Analyzer
 from codekv.chunks import MAX_DEPTH
 from codekv.tokens import CounterSpec
-
-C_TWO_MAINS = """\
-#include <stdio.h>
-
-int main(void) {
-    return 0;
-}
-
-#ifdef ALT
-int main(int argc, char **argv) {
-    return argc;
-}
-#endif
-"""
 
 JAVA_OVERLOADS = """\
 public class Calc {
@@ -62,21 +49,6 @@ pub trait Shape {
     fn area(&self) -> f64;
 }
 """
-
-PYTHON_CLASS = '''\
-class Person:
-    """A person."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def greet(self):
-        return f"Hello, {self.name}"
-
-
-def main():
-    print(Person("Ann").greet())
-'''
 
 GO_INTERFACE = """\
 package shapes

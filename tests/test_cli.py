@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import TEST_MODEL, covering, imported_by
+from fixtures.checks import imported_by
+from fixtures.evidence import TEST_MODEL, covering
 
 import codekv
 from codekv.cli import main

@@ -10,17 +10,16 @@ import click
 import pygit2
 import pytest
 from click.testing import CliRunner
-from conftest import (
+from fixtures.evidence import (
     COVERS,
     EVIDENCE,
-    HAND,
     RESULT_ROW_KEYS,
     evidence_document,
     fake_measure,
     fake_row,
-    indexed,
-    missing,
 )
+from fixtures.needs import missing
+from fixtures.repos import HAND, indexed
 
 from codekv.cli import main
 from codekv.eval import command, markdown, workloads
@@ -36,7 +35,7 @@ from codekv.gate import SupportGate
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+    """Every test here indexes with byte counting (the ``byte_counter`` fixture)."""
 
 
 def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(tmp_path):

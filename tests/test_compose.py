@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_FAMILIES, covering
+from fixtures.compose import B2, PREFIX, QUERY, A, B, C, make_composer
+from fixtures.evidence import covering
+from fixtures.models import TINY_FAMILIES
 
 from codekv.compose import COMPOSED, EXACT_PREFIX, FULL_PREFILL, Composer, Passage
 from codekv.conditioning import CONDITIONINGS
@@ -25,20 +27,6 @@ from codekv.stores.local import LocalKVStore
 from codekv.tokens import CounterSpec
 
 TOL = 1e-4
-A = Passage("def area(width, height):\n    return width * height\n", "area")
-B = Passage("The quick brown fox jumps over the lazy dog near the river bank.", "fox")
-B2 = Passage("The quick brown cat sleeps under the lazy dog near the old mill.", "cat")
-C = Passage("class Stack:\n    def push(self, item):\n        self.items.append(item)\n", "stack")
-PREFIX = "You answer questions about code.\n"
-QUERY = "Question: what does area return?\n"
-
-
-def make_composer(backend, root: Path, scope: str = "test", experimental: bool = True,
-                  gate: SupportGate | None = None) -> Composer:
-    return Composer(backend, store=LocalKVStore(root / "kv"), scope=scope,
-                    gate=gate or SupportGate([], "test gate"), experimental=experimental)
-
-
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
@@ -571,7 +559,7 @@ def test_a_full_prefill_reports_no_rule_and_generation_is_a_count(tiny_backend, 
 
 def bos_backend():
     """The tiny Llama with a tokenizer that puts ``<bos>`` first, as Gemma's does."""
-    from conftest import tiny_model, tiny_tokenizer
+    from fixtures.models import tiny_model, tiny_tokenizer
     from tokenizers import processors
 
     from codekv.backends.hf import HFBackend

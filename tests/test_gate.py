@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import TEST_MODEL, covering, in_time
+from fixtures.checks import in_time
+from fixtures.evidence import TEST_MODEL, covering
 
 from codekv.gate import SupportGate
 
@@ -172,6 +173,7 @@ def test_a_llama_cpp_entry_may_name_the_query_rule():
     assert not gate.verdict("llama", "code-qa").allowed
 
 
+@pytest.mark.llamacpp
 def test_what_an_engine_cannot_run_is_what_its_backend_refuses():
     """What each engine's registry entry says it cannot serve (torch-free, read by the gate)
     agrees with its backend's refusals."""

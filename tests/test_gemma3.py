@@ -11,8 +11,8 @@ import json
 from importlib import resources
 
 import pytest
-from conftest import missing
-from test_compose import B2, PREFIX, QUERY, A, B, make_composer
+from fixtures.compose import B2, PREFIX, QUERY, A, B, make_composer
+from fixtures.needs import missing
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Passage
 from codekv.gate import GateRequest, SupportGate
@@ -72,6 +72,7 @@ def gemma3_llama(gemma3_path):
     return LlamaCppBackend(gemma3_path, n_ctx=2048)
 
 
+@pytest.mark.llamacpp
 def test_the_model_is_gemma3_with_its_windows(gemma3_hf, gemma3_llama):
     config = gemma3_hf.config
     assert (config.model_type, config.sliding_window, config.num_hidden_layers) == (
@@ -84,6 +85,7 @@ def test_the_model_is_gemma3_with_its_windows(gemma3_hf, gemma3_llama):
     assert gemma3_llama.info.family == "gemma3"
 
 
+@pytest.mark.llamacpp
 def test_both_engines_read_the_same_tokens(gemma3_hf, gemma3_llama):
     """transformers' GGUF loader gives Gemma's tokenizer no merges (one token per character);
     the one built from the GGUF's scores reads what llama.cpp reads."""
@@ -121,26 +123,29 @@ def test_order_neighbour_and_repeats_stay_exact(gemma3_hf, tmp_path):
     assert composer.store.stats().entries == 4  # A, LONG, B, B2: each stored once
 
 
+@pytest.mark.llamacpp
 def test_llama_cpp_all_is_within_the_batch_floor_past_the_window(gemma3_llama, tmp_path):
-    from test_backend_llamacpp import check_all
+    from fixtures.llamacpp import check_all
 
     floor, report = check_all(gemma3_llama, make_composer(gemma3_llama, tmp_path), [A, LONG, B])
     assert report.context_tokens > 2 * WINDOW + 100
     assert floor < 0.05
 
 
+@pytest.mark.llamacpp
 def test_llama_cpp_all_after_a_prefix_is_within_the_batch_floor(gemma3_llama, tmp_path):
     """Once a defect: placing the later parts let llama.cpp's window cache take the prefix's
     cells as free (a window behind the request's last position), so the run recomputed after
     them missed them (`all` KL 0.044 where the floor is 0.005). Every request cell is now held
     twice (``PIN``), so none is taken."""
-    from test_backend_llamacpp import check_all
+    from fixtures.llamacpp import check_all
 
     comp = make_composer(gemma3_llama, tmp_path)
     for chunks in ([A, LONG, B], [A, LONG, A]):  # a repeated chunk was furthest off (0.23)
         check_all(gemma3_llama, comp, chunks, PREFIX)
 
 
+@pytest.mark.llamacpp
 def test_llama_cpp_recomputes_inside_a_chunk_longer_than_the_window(gemma3_llama):
     """A run inside a long chunk attends to the window's cells before it: a chunk state keeps
     them (a sequence's own state keeps only its last window's). Against full prefill, within
@@ -159,6 +164,7 @@ def test_llama_cpp_recomputes_inside_a_chunk_longer_than_the_window(gemma3_llama
     assert logits_kl(full, logits) <= floor + 0.005
 
 
+@pytest.mark.llamacpp
 def test_smollm2_evidence_does_not_license_gemma3(gemma3_hf, gemma3_llama, tmp_path):
     """The shipped support file has no passage evidence for Gemma 3 (its one entry, code QA
     on llama.cpp, failed): these requests fall back, and the reason names the family;

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import missing
+from fixtures.needs import missing
 
 from codekv import gguf_vocab
 from codekv.stdlib_repo import stdlib_files

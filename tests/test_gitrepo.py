@@ -263,7 +263,7 @@ def test_bare_repository_is_refused(tmp_path):
 def test_nested_repository_is_not_indexed(git_repo):
     """An untracked clone inside the repository is not its code, and its .git (objects,
     config with remote URLs) must never be read as text."""
-    from conftest import GitRepo
+    from fixtures.repos import GitRepo
 
     git_repo.commit({".gitignore": "vendor/\n", "a.py": "x = 1\n"})
     GitRepo(git_repo.root / "lib").commit({"b.py": "y = 1\n"})
@@ -281,7 +281,7 @@ def test_a_submodule_is_skipped_and_said_to_be(git_repo, tmp_path):
     counted among the skipped files like the others (the index summary shows it)."""
     import subprocess
 
-    from conftest import GitRepo
+    from fixtures.repos import GitRepo
 
     GitRepo(tmp_path / "dep").commit({"c.py": "z = 1\n"})
     git_repo.commit({"a.py": "x = 1\n"})

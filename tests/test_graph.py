@@ -2,7 +2,7 @@
 definition wins, and a name defined in two unimported places is left ambiguous, not guessed."""
 
 import pytest
-from conftest import distinct_chunk_ids
+from fixtures.repos import distinct_chunk_ids
 
 from codekv.defuse.graph import ModuleResolver, build_graph
 from codekv.index import Index
@@ -25,7 +25,7 @@ FILES = {
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
-    from conftest import GitRepo
+    from fixtures.repos import GitRepo
 
     git_repo = GitRepo(tmp_path_factory.mktemp("graph") / "repo")
     git_repo.commit(FILES)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fake_measure
+from fixtures.evidence import fake_measure
 
 from codekv.eval import grid
 from codekv.eval.support import Thresholds

@@ -4,7 +4,7 @@ with a note saying why."""
 from __future__ import annotations
 
 import pytest
-from conftest import STDLIB_FILES, indexed
+from fixtures.repos import STDLIB_FILES, indexed
 
 from codekv.eval import pruning, workloads
 from codekv.stdlib_repo import stdlib_dir
@@ -12,7 +12,7 @@ from codekv.stdlib_repo import stdlib_dir
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+    """Every test here indexes with byte counting (the ``byte_counter`` fixture)."""
 
 
 def test_without_kvpress_pruning_is_skipped_with_a_note(tiny_backend, monkeypatch):
@@ -21,7 +21,7 @@ def test_without_kvpress_pruning_is_skipped_with_a_note(tiny_backend, monkeypatc
 
 
 def test_code_qa_tasks_are_split_between_repositories(tmp_path, byte_counter):
-    from conftest import GitRepo
+    from fixtures.repos import GitRepo
 
     from codekv.eval.harness import EvalConfig, _tasks
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
-from conftest import imported_by
+from fixtures.checks import imported_by
 
 import codekv
 

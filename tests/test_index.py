@@ -5,7 +5,7 @@ import os
 
 import pygit2
 import pytest
-from conftest import imported_by
+from fixtures.checks import imported_by
 
 from codekv import gitrepo
 from codekv.index import INDEX_FILE, Index

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import fake_measure
+from fixtures.evidence import fake_measure
 
 from codekv.eval import markdown
 from codekv.eval.results import aggregate

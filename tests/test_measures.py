@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import fake_measure, imported_by
+from fixtures.checks import imported_by
+from fixtures.evidence import fake_measure
 
 from codekv.eval.measures import Measure, ResultRow
 from codekv.eval.results import aggregate

@@ -64,7 +64,7 @@ def test_conditioning_crosses_every_strategy():
 def test_shift_only_is_an_evaluated_baseline_the_gate_never_picks():
     """``shift-only`` runs at ratio 0 under every conditioning, is accepted by --strategies,
     and is no gate candidate even when its figures would pass."""
-    from conftest import fake_row
+    from fixtures.evidence import fake_row
 
     from codekv.eval.support import gate_entries
 

@@ -4,7 +4,8 @@ locally with that reason but fail under CI=true."""
 from __future__ import annotations
 
 import pytest
-from conftest import load_default_backend, missing
+from fixtures.models import load_default_backend
+from fixtures.needs import missing
 
 import codekv.models
 from codekv.models import ModelLoadError, load_backend, resolve_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import missing
+from fixtures.needs import missing
 
 from codekv.eval.preflight import declared_positions
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import missing
+from fixtures.needs import missing
 from transformers import DynamicCache
 
 from codekv.compose import Composer, Passage
@@ -29,7 +29,7 @@ TEXT = "the quick brown fox jumps over the lazy dog; a rectangle's area is width
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+    """Every test here indexes with byte counting (the ``byte_counter`` fixture)."""
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_streamingllm_keeps_the_sinks_and_the_last_tokens(composer):
 @pytest.mark.parametrize("name", ["snapkv", "h2o"])
 def test_shared_prefill_keeps_what_the_press_keeps_alone(composer, name):
     """kvpress's own context manager (eager attention for H2O, which needs the weights)."""
-    from conftest import tiny_model
+    from fixtures.models import tiny_model
 
     [result] = pruned(composer, [kv(name, 0.5)]).values()
     ids, full_keys = context_keys(composer)

@@ -10,7 +10,8 @@ import stat
 import pygit2
 import pytest
 from click.testing import CliRunner
-from conftest import STDLIB_FILES, GitRepo, tiny_model, tiny_tokenizer
+from fixtures.models import tiny_model, tiny_tokenizer
+from fixtures.repos import STDLIB_FILES, GitRepo
 
 from codekv import paths
 from codekv.cli import main
@@ -29,7 +30,7 @@ GRID = ("none", "boundary@0.15")
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Index with byte counting (conftest's ``byte_counter``)."""
+    """Index with byte counting (the ``byte_counter`` fixture)."""
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +151,7 @@ def test_a_trial_run_is_confirmed_on_held_out_tasks_and_licenses_nothing(repo, m
         task.id for task in other.evidence.tasks + other.held_out.tasks}
 
 
+@pytest.mark.llamacpp
 def test_a_model_on_llama_cpp_is_qualified_for_llama_cpp_only(repo, tiny_gguf):
     options = qualify.QualifyOptions(repos=(str(repo.root),), held_out_paths=("tools",),
                                      model=str(tiny_gguf), engine="llama.cpp", tasks=2,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_FAMILIES
-from test_backend_hf import composed_context, token_ids
+from fixtures.compose import composed_context, token_ids
+from fixtures.models import TINY_FAMILIES
 from transformers import DynamicCache
 
 from codekv.selection import Segment, SelectionContext, TokenAnchor, strategy

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model_file
+from fixtures.models import tiny_model_file
 
 from codekv.eval.workloads import generate
 from codekv.schema import WORKLOADS, Workload, workload_of

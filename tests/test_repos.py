@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pygit2
 import pytest
-from conftest import missing
+from fixtures.needs import missing
 
 import codekv
 from codekv.eval.harness import resolve_repo

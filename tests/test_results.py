@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import RESULT_ROW_KEYS, fake_measure
+from fixtures.evidence import RESULT_ROW_KEYS, fake_measure
 
 from codekv.eval.results import aggregate, comparisons
 

@@ -9,7 +9,7 @@ from codekv.eval import reuse, workloads
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+    """Every test here indexes with byte counting (the ``byte_counter`` fixture)."""
 
 
 def test_exact_prefix_reuse_is_the_longest_common_token_prefix():

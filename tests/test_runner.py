@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import missing
+from fixtures.needs import missing
 
 from codekv.compose import Composer, Passage
 from codekv.eval import methods, peer, pruning, runner, workloads

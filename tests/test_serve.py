@@ -12,58 +12,31 @@ import threading
 import time
 
 import pytest
-from conftest import ServeProcess, covering, missing, require, tiny_tokenizer
+from fixtures.evidence import covering
+from fixtures.models import tiny_tokenizer
+from fixtures.needs import missing, require
+from fixtures.servers import (
+    HELPER,
+    SOURCE,
+    SYSTEM,
+    TINY,
+    ServeProcess,
+    ask,
+    assert_accounted,
+    chat,
+    streamed,
+)
 
 openai = require("openai", "the openai client is not installed (the 'serve' extra)")
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
 require("uvicorn", "uvicorn is not installed (the 'serve' extra)")
 
-TINY = "tiny-chat-model"
 # A small class: one piece, as the index cuts it (a block is reused piece by piece).
 FILE = ("class Rectangle:\n    def area(self, width, height):\n        return width * height\n\n"
         "    def perimeter(self, width, height):\n        return 2 * (width + height)\n")
 EDITED = FILE.replace("return width * height", "return width * height * 1.0")
 OTHER = "class Stack:\n    def push(self, item):\n        self.items.append(item)\n"
-SYSTEM = {"role": "system", "content": "You review code and answer briefly."}
 KEYS = ("key-one", "key-two")
-
-
-def fenced(*blocks: str) -> str:
-    return "".join(f"```python\n{block}```\n" for block in blocks)
-
-
-def chat(*blocks: str, lead: str = "Look at these.", question: str = "What does area return?"):
-    return [SYSTEM, {"role": "user", "content": f"{lead}\n{fenced(*blocks)}{question}"}]
-
-
-def ask(client, messages, model=TINY, **options):
-    """(reply text, codekv report, usage, x-codekv-status) of a greedy chat request."""
-    raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=messages, temperature=0, **{"max_tokens": 16, **options})
-    reply = raw.parse()
-    return (reply.choices[0].message.content, reply.model_extra["codekv"], reply.usage,
-            raw.headers["x-codekv-status"])
-
-
-def streamed(client, messages, model=TINY, **options):
-    """(text, the final chunks' codekv report and usage) of the same request, streamed."""
-    text, report, usage = [], None, None
-    for chunk in client.chat.completions.create(
-            model=model, messages=messages, temperature=0, stream=True,
-            stream_options={"include_usage": True}, **{"max_tokens": 16, **options}):
-        if chunk.choices:
-            text.append(chunk.choices[0].delta.content or "")
-        if chunk.usage is not None:
-            usage, report = chunk.usage, chunk.model_extra["codekv"]
-    return "".join(text), report, usage
-
-
-def assert_accounted(report: dict, usage) -> None:
-    """The four kinds of prompt token add up, and cached tokens are the exact and reused."""
-    parts = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
-    assert sum(report[p] for p in parts) == report["prompt_tokens"] == usage.prompt_tokens
-    assert usage.prompt_tokens_details.cached_tokens == (report["exact_prefix_tokens"]
-                                                         + report["reused_tokens"])
 
 
 def tiny_tokens(text: str) -> int:
@@ -539,7 +512,7 @@ def test_two_servers_on_a_redis_cluster_and_a_node_killed_mid_request(
     from the store (only from a server's own last prompt), with the failed node in
     ``fallback_reason`` and ``store_error``; no traceback anywhere, and
     no key written outside the scope's node."""
-    from conftest import start_cluster
+    from fixtures.stores import start_cluster
 
     from codekv.stores.redis_store import scope_tag
 
@@ -596,33 +569,6 @@ def test_two_servers_on_a_redis_cluster_and_a_node_killed_mid_request(
 
 
 # -- the real default model ---------------------------------------------------------------
-
-SOURCE = '''import json
-from pathlib import Path
-
-
-def load_settings(path):
-    """Read the settings file, or the defaults when it is missing."""
-    file = Path(path)
-    if not file.exists():
-        return {"debug": False, "workers": 4}
-    with file.open() as handle:
-        return json.load(handle)
-
-
-def save_settings(path, settings):
-    Path(path).write_text(json.dumps(settings, indent=2))
-'''
-HELPER = '''def merge(defaults, overrides):
-    """Overrides win; nested dictionaries are merged too."""
-    merged = dict(defaults)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            value = merge(merged[key], value)
-        merged[key] = value
-    return merged
-'''
-
 
 def default_model_server(tmp_path_factory, *args: str) -> ServeProcess:
     from codekv.tokens import default_gguf_path
@@ -684,6 +630,7 @@ def test_the_default_model_composed_with_all_replies_as_full_prefill(model_exact
 
 
 @pytest.mark.model
+@pytest.mark.llamacpp
 def test_the_default_gguf_served_on_llama_cpp(tmp_path_factory, model_cache):
     """The GGUF run as it is: its own chat template, its special tokens, its end of turn. The
     gate has no llama.cpp evidence: --experimental composes with the best measured rule the

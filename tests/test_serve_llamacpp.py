@@ -13,8 +13,17 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import ServeProcess, gguf, missing, require
-from test_serve import HELPER, SOURCE, SYSTEM, ask, assert_accounted, chat, streamed
+from fixtures.needs import gguf, missing, require
+from fixtures.servers import (
+    HELPER,
+    SOURCE,
+    SYSTEM,
+    ServeProcess,
+    ask,
+    assert_accounted,
+    chat,
+    streamed,
+)
 
 require("llama_cpp", "llama-cpp-python is not installed (the 'llamacpp' extra)")
 require("openai", "the openai client is not installed (the 'serve' extra)")

@@ -4,7 +4,8 @@ baseline the replay benchmark measures composition against."""
 from __future__ import annotations
 
 import pytest
-from conftest import ServeProcess, require
+from fixtures.needs import require
+from fixtures.servers import ServeProcess
 
 from codekv.serve.shift import shift_runs
 

@@ -3,7 +3,7 @@
 The stores are those ``codekv.stores.STORES`` registers (each once), the local store, and the
 local store in front of each registered one (``local,<url>``): a new store is tested here by
 its registry line alone. Redis runs on a real redis-server, the Redis Cluster store on a real
-three-node cluster (tests/conftest.py starts each once per session); a store these tests know
+three-node cluster (tests/fixtures/stores.py starts each once per session); a store these tests know
 nothing of gets ``<scheme>://<a fresh directory>``.
 """
 
@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.stores import LAYERS, make_entry, make_key
 
 from codekv.stores import STORES, store_class
 from codekv.stores.base import KVStore
-from codekv.stores.entry import KVEntry, KVKey, encode_entry, token_hash
+from codekv.stores.entry import KVEntry, KVKey, encode_entry
 from codekv.stores.local import LocalKVStore
 from codekv.stores.tiered import TieredKVStore
-
-LAYERS = 3
 
 
 def registered() -> list[str]:
@@ -69,25 +68,6 @@ def new_store(request, tmp_path):
 def raw_store(request, tmp_path) -> KVStore:
     """A store whose stored bytes the tests can read and damage (``read_raw``, ``write_raw``)."""
     return open_store(request.param, request, tmp_path)
-
-
-def make_key(chunk: str = "c1", scope: str = "repo:aaaa") -> KVKey:
-    return KVKey(
-        scope=scope,
-        model="smollm2-135m:bf16:rope1e5",
-        tokenizer="tok:1234",
-        chunk=chunk,
-        token_hash=token_hash([1, 2, 3]),
-    )
-
-
-def make_entry(
-    dtype: torch.dtype = torch.float32, seed: int = 0, n_tokens: int = 5, **provenance
-) -> KVEntry:
-    gen = torch.Generator().manual_seed(seed)
-    keys = [torch.randn(3, n_tokens, 8, generator=gen).to(dtype) for _ in range(LAYERS)]
-    values = [torch.randn(3, n_tokens, 8, generator=gen).to(dtype) for _ in range(LAYERS)]
-    return KVEntry(keys, values, {"path": "a.py", "n_tokens": n_tokens, **provenance})
 
 
 def assert_same(got: KVEntry, want: KVEntry) -> None:

@@ -7,7 +7,7 @@ import struct
 from dataclasses import replace
 
 import pytest
-from test_stores_contract import make_key
+from fixtures.stores import make_key
 
 from codekv.stores import entry
 from codekv.stores.entry import KVKey, token_hash

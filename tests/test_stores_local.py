@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_stores_contract import make_entry, make_key
+from fixtures.stores import make_entry, make_key
 
 from codekv.stores import local
 from codekv.stores.entry import KVEntry, KVKey

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import require
+from fixtures.needs import require
 
 from codekv.stores.entry import KVEntry, KVKey, decode_bytes, header_meta, token_hash
 from codekv.stores.local import LocalKVStore
@@ -190,7 +190,7 @@ def test_server_dying_or_silent_mid_request(mode):
 
 
 def test_server_killed_then_requests_go_on(tmp_path, tiny_backend):
-    from conftest import RedisServer
+    from fixtures.stores import RedisServer
 
     from codekv.compose import Composer, Passage
     from codekv.gate import SupportGate
@@ -343,7 +343,7 @@ def test_second_home_composes_from_the_first_homes_entries(tmp_path, redis_url, 
     import json
 
     from click.testing import CliRunner
-    from conftest import GitRepo
+    from fixtures.repos import GitRepo
 
     import codekv.models
     from codekv.cli import main
@@ -443,7 +443,7 @@ def test_codekv_store_names_the_default_store(redis_url, monkeypatch, tmp_path):
     assert isinstance(both, TieredKVStore) and both.local.root == tmp_path / "kv"
     monkeypatch.setenv("CODEKV_STORE", "redis://127.0.0.1:notaport/0")
     monkeypatch.chdir(tmp_path)
-    from conftest import GitRepo
+    from fixtures.repos import GitRepo
 
     GitRepo(tmp_path / "repo").commit({"a.py": "x = 1\n"})
     result = CliRunner().invoke(main, ["gc", str(tmp_path / "repo")])

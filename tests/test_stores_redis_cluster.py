@@ -10,7 +10,8 @@ import time
 
 import pytest
 import torch
-from conftest import require, start_cluster
+from fixtures.needs import require
+from fixtures.stores import start_cluster
 
 from codekv.stores.entry import KVEntry, KVKey, token_hash
 

@@ -9,7 +9,9 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from conftest import COVERS, HAND, evidence_document, fake_measure, fake_row, in_time, indexed
+from fixtures.checks import in_time
+from fixtures.evidence import COVERS, evidence_document, fake_measure, fake_row
+from fixtures.repos import HAND, indexed
 
 from codekv.cli import main
 from codekv.compose import Passage
@@ -32,7 +34,7 @@ from codekv.gate import SupportGate
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+    """Every test here indexes with byte counting (the ``byte_counter`` fixture)."""
 
 
 def test_thresholds_each_fail_a_row():

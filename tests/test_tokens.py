@@ -6,7 +6,7 @@ import bisect
 import json
 
 import pytest
-from conftest import missing
+from fixtures.needs import missing
 
 from codekv.tokens import CounterSpec, TokenCounter, default_gguf_path, reference_starts
 

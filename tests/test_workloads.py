@@ -4,7 +4,7 @@ from a repository, passages (RAG) and tool documentation."""
 from __future__ import annotations
 
 import pytest
-from conftest import HAND, HAND_BY_LANGUAGE, STDLIB_FILES, indexed
+from fixtures.repos import HAND, HAND_BY_LANGUAGE, STDLIB_FILES, indexed
 
 from codekv.compose import Passage
 from codekv.eval import workloads
@@ -13,7 +13,7 @@ from codekv.eval.tooldocs import tool_docs
 
 @pytest.fixture(autouse=True)
 def _bytes(byte_counter):
-    """Every test here indexes with byte counting (conftest's ``byte_counter``)."""
+    """Every test here indexes with byte counting (the ``byte_counter`` fixture)."""
 
 
 def test_completion_task_is_the_line_using_a_definition_of_another_chunk(git_repo):
