@@ -9,7 +9,9 @@ from __future__ import annotations
 import copy
 
 import pytest
-from conftest import ServeProcess, gguf, missing, require, tiny_model, tiny_tokenizer
+from fixtures.models import tiny_model, tiny_tokenizer
+from fixtures.needs import gguf, missing, require
+from fixtures.servers import ServeProcess
 
 from codekv.serve import chat
 

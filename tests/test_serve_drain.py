@@ -13,7 +13,8 @@ import threading
 import time
 
 import pytest
-from conftest import ServeProcess, require
+from fixtures.needs import require
+from fixtures.servers import ServeProcess
 
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
 require("uvicorn", "uvicorn is not installed (the 'serve' extra)")

@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ServeProcess, require
+from fixtures.needs import require
+from fixtures.servers import ServeProcess
 
 TINY = "tiny-chat-model"
 KEY = "sk-test-0123456789abcdef"

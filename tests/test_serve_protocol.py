@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ServeProcess, require
+from fixtures.needs import require
+from fixtures.servers import ServeProcess
 
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
 require("uvicorn", "uvicorn is not installed (the 'serve' extra)")
