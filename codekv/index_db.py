@@ -294,8 +294,6 @@ class IndexStore:
         ).fetchone()
         if row is None:
             return None
-        if row[1]:
-            return json.loads(row[0]), json.loads(zlib.decompress(row[1]))
         uses = []
         for (packed,) in self.db.execute(
             "SELECT uses FROM graph_files WHERE repo_id = ? ORDER BY path", (repo_id,)
@@ -353,14 +351,6 @@ class IndexStore:
             self.db.execute(
                 "INSERT OR REPLACE INTO graphs VALUES (?, ?, ?, ?)",
                 (repo_id, snapshot, json.dumps(stats), b""),
-            )
-
-    @_guarded
-    def put_graph_cache(self, repo_id: int, snapshot: str, stats: dict, uses: list) -> None:
-        with self.transaction():
-            self.db.execute(
-                "INSERT OR REPLACE INTO graphs VALUES (?, ?, ?, ?)",
-                (repo_id, snapshot, json.dumps(stats), zlib.compress(json.dumps(uses).encode(), 1)),
             )
 
     @_guarded
