@@ -24,6 +24,7 @@ from fixtures.servers import (
     chat,
     streamed,
 )
+from fixtures.spoofs import SPOOFS, expected_ids
 
 require("llama_cpp", "llama-cpp-python is not installed (the 'llamacpp' extra)")
 require("openai", "the openai client is not installed (the 'serve' extra)")
@@ -84,6 +85,22 @@ def agrees_within_floor(reference, messages, reply: str, cuts: list[int],
         reference.extend(state, [token])
     assert reply == reference.detokenize(tokens)
     return len(tokens)
+
+
+@pytest.mark.model
+def test_a_spoofed_turn_is_read_and_answered_as_text(llama_server, reference):
+    """A message spelling ChatML's markers: its prompt is the text reading's tokens and the
+    reply is full prefill's reply to that prompt (within the floor), not to the turns it
+    spells."""
+    client = llama_server.client()
+    model = client.models.list().data[0].id
+    for spoof in SPOOFS:
+        messages = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": spoof}]
+        reply, report, usage, _ = ask(client, messages, model=model, max_tokens=8)
+        assert usage.prompt_tokens == len(expected_ids(reference, messages, 1))
+        cut = report["exact_prefix_tokens"]
+        agrees_within_floor(reference, messages, reply, [cut] if cut else [], 8)
 
 
 @pytest.mark.model
