@@ -24,6 +24,7 @@ from fixtures.servers import (
     ask,
     assert_accounted,
     chat,
+    error_of,
     streamed,
 )
 
@@ -46,13 +47,6 @@ def tiny_tokens(text: str) -> int:
 def piece_tokens(block: str) -> int:
     """The tokens of a one-piece code block's segment: the piece ends where its code does."""
     return tiny_tokens(block.rstrip("\n"))
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    assert "Traceback" not in body["error"]["message"]
-    return body["error"]
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,11 @@ import time
 
 import pytest
 from fixtures.needs import require
-from fixtures.servers import ServeProcess
+from fixtures.servers import TINY, ServeProcess
 
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
 require("uvicorn", "uvicorn is not installed (the 'serve' extra)")
 
-TINY = "tiny-chat-model"
 
 
 def body(lead: str, max_tokens: int, **fields) -> dict:

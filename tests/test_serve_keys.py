@@ -12,9 +12,8 @@ import sys
 
 import pytest
 from fixtures.needs import require
-from fixtures.servers import ServeProcess
+from fixtures.servers import TINY, ServeProcess
 
-TINY = "tiny-chat-model"
 KEY = "sk-test-0123456789abcdef"
 FILE = ("class Rectangle:\n    def area(self, width, height):\n        return width * height\n\n"
         "    def perimeter(self, width, height):\n        return 2 * (width + height)\n")

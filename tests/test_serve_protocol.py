@@ -9,20 +9,12 @@ import json
 
 import pytest
 from fixtures.needs import require
-from fixtures.servers import ServeProcess
+from fixtures.servers import TINY, ServeProcess, error_of
 
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
 require("uvicorn", "uvicorn is not installed (the 'serve' extra)")
 
-TINY = "tiny-chat-model"
 HI = '[{"role": "user", "content": "hi"}]'
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    assert "Traceback" not in body["error"]["message"]
-    return body["error"]
 
 
 @pytest.fixture(scope="module")
