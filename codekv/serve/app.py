@@ -49,6 +49,7 @@ from codekv.serve.engine import (
     QueueFull,
     RequestError,
     Sampling,
+    internal,
 )
 from codekv.serve.keys import scope_of_key
 from codekv.serve.segments import tool_descriptions
@@ -108,11 +109,6 @@ def error_of(error: RequestError) -> dict:
 def error_response(error: RequestError) -> JSONResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status in (429, 503) else None
     return JSONResponse(error_of(error), status_code=error.status, headers=headers)
-
-
-def internal(error: BaseException) -> RequestError:
-    """An unexpected failure as the client sees it: its type, never its traceback."""
-    return RequestError(500, f"internal error: {type(error).__name__}", kind="server_error")
 
 
 def sampling_of(request: wire.Request, default_max: int | None) -> Sampling:

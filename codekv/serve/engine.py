@@ -70,6 +70,12 @@ class RequestError(Exception):
             status, message, param, code, kind)
 
 
+def internal(error: BaseException) -> RequestError:
+    """An unexpected failure as the client sees it: its type, never its text or traceback
+    (the log has both)."""
+    return RequestError(500, f"internal error: {type(error).__name__}", kind="server_error")
+
+
 @dataclass
 class Prompt:
     """What a request asks the model to continue: the rendered text, the message contents and
@@ -247,8 +253,7 @@ class Engine:
                 job.emit(Failed(error))
             except Exception as error:  # the server goes on serving the others
                 log.exception("request failed")
-                job.emit(Failed(RequestError(500, f"internal error: {type(error).__name__}: "
-                                                  f"{error}", kind="server_error")))
+                job.emit(Failed(internal(error)))
             finally:
                 self.busy = False
 
