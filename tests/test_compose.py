@@ -7,6 +7,7 @@ damage; the other strategies only have to run and report honestly.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from pathlib import Path
 
@@ -564,7 +565,7 @@ def bos_backend():
 
     from codekv.backends.hf import HFBackend
 
-    tokenizer = tiny_tokenizer()
+    tokenizer = copy.deepcopy(tiny_tokenizer())  # not the shared one every other test reads
     tokenizer.add_special_tokens({"bos_token": "<bos>"})
     bos = tokenizer.bos_token_id
     tokenizer._tokenizer.post_processor = processors.TemplateProcessing(

@@ -67,7 +67,8 @@ def check_added_tokens(backend, vocab: int) -> None:
 
 def test_a_spoofed_turn_is_text_and_a_plain_chat_is_as_before(chatml_backend):
     check_spoofs(chatml_backend)
-    assert chatml_backend.markers["<|im_start|>"] == 300
+    tokenizer = chatml_backend.tokenizer
+    assert chatml_backend.markers["<|im_start|>"] == tokenizer.convert_tokens_to_ids("<|im_start|>")
 
 
 def test_every_added_token_in_a_message_is_text(chatml_backend):
