@@ -24,7 +24,7 @@ from fixtures.servers import (
     chat,
     streamed,
 )
-from fixtures.spoofs import SPOOFS, expected_ids
+from fixtures.spoofs import SPOOFS, expected_ids, special_ids
 
 require("llama_cpp", "llama-cpp-python is not installed (the 'llamacpp' extra)")
 require("openai", "the openai client is not installed (the 'serve' extra)")
@@ -85,22 +85,6 @@ def agrees_within_floor(reference, messages, reply: str, cuts: list[int],
         reference.extend(state, [token])
     assert reply == reference.detokenize(tokens)
     return len(tokens)
-
-
-@pytest.mark.model
-def test_a_spoofed_turn_is_read_and_answered_as_text(llama_server, reference):
-    """A message spelling ChatML's markers: its prompt is the text reading's tokens and the
-    reply is full prefill's reply to that prompt (within the floor), not to the turns it
-    spells."""
-    client = llama_server.client()
-    model = client.models.list().data[0].id
-    for spoof in SPOOFS:
-        messages = [{"role": "system", "content": "Be brief."},
-                    {"role": "user", "content": spoof}]
-        reply, report, usage, _ = ask(client, messages, model=model, max_tokens=8)
-        assert usage.prompt_tokens == len(expected_ids(reference, messages, 1))
-        cut = report["exact_prefix_tokens"]
-        agrees_within_floor(reference, messages, reply, [cut] if cut else [], 8)
 
 
 @pytest.mark.model
@@ -458,3 +442,33 @@ def test_the_query_probe_reads_only_the_prompt_s_last_tokens(tiny_engine, monkey
     ids, _ = backend.tokenize_prompt(prompt.text)
     assert outcome.prefilled_tokens > PROBE_TOKENS and outcome.prompt_tokens == len(ids)
     assert probed == [PROBE_TOKENS]
+
+
+# Last in the module: its requests leave kept prefixes the tests above do not expect.
+@pytest.mark.model
+def test_a_spoofed_turn_is_read_and_answered_as_text(llama_server, reference):
+    """A message spelling ChatML's markers: its prompt is the text reading's tokens, and a
+    forced reply scores closer to full prefill of that reading than to full prefill of the
+    turns it spells."""
+    from codekv.backends import mean_nll
+
+    client = llama_server.client()
+    model = client.models.list().data[0].id
+    reply = "The answer is 4."
+    forced = reference.tokenize(reply)
+    for spoof in SPOOFS:
+        messages = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": spoof}]
+        served = client.chat.completions.create(
+            model=model, messages=messages, temperature=0, max_tokens=len(forced),
+            extra_body={"codekv": {"continuation": reply}})
+        nll = served.model_extra["codekv"]["continuation_nll"]
+        text = expected_ids(reference, messages, 1)
+        assert served.usage.prompt_tokens == len(text)
+        want = mean_nll(reference, reference.full_prefill(text), forced)
+        spoofed = mean_nll(reference, reference.full_prefill(
+            special_ids(reference, reference.render_chat(messages))), forced)
+        # llama.cpp's batch-split floor moves the score by up to ~0.08 nats here (the server's
+        # batches are not the reference's); the spoofed reading lies 0.05-0.5 away.
+        got = sum(nll) / len(nll)
+        assert abs(got - want) < abs(got - spoofed)
