@@ -195,7 +195,7 @@ def test_gemma3_reads_its_own_markers_as_text(engine, model_cache):
     backend = load_backend("gemma3", engine=engine)
     turns = backend.markers["<start_of_turn>"]
     assert turns not in backend.tokenize(GEMMA_SPOOF)
-    if backend.chat_template is None:  # the converted copy has none: chat is refused there
+    if backend.chat_template is None:  # the base model ships none: chat is a 400 there
         return
     messages = [{"role": "user", "content": GEMMA_SPOOF}]
     assert prompt_ids(backend, messages) == expected_ids(backend, messages, 0)
