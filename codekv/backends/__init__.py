@@ -148,8 +148,9 @@ class Backend(Protocol):
         assistant's turn; ValueError where there is no template or it refuses them."""
         ...
 
-    # Every text the tokenizer could read as one special or added token (``<|im_start|>``),
-    # and that token: what client text must never become (``codekv.serve.chat``).
+    # Every text the tokenizer reads as one special token only when told to (``<|im_start|>``),
+    # and that token: what client text must never become (``codekv.serve.chat``). Added
+    # tokens that are text (Gemma's runs of newlines) are read whole in any text.
     markers: dict[str, int]
 
     def tokenize_prompt(self, text: str, markers: Sequence[tuple[int, int]] = ()

@@ -197,7 +197,7 @@ class HFBackend:
     @functools.cached_property
     def markers(self) -> dict[str, int]:
         return {token.content: index
-                for index, token in self.tokenizer.added_tokens_decoder.items()}
+                for index, token in self.tokenizer.added_tokens_decoder.items() if token.special}
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

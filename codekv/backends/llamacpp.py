@@ -315,11 +315,11 @@ class LlamaCppBackend:
 
     @functools.cached_property
     def markers(self) -> dict[str, int]:
-        """The tokens llama.cpp reads out of text when parsing special tokens: control,
-        user-defined and unknown ones."""
+        """The tokens llama.cpp reads out of text only when parsing special tokens: control
+        and unknown ones (user-defined ones, Gemma's runs of newlines, it reads whole in any
+        text)."""
         L = self._L
-        kinds = (L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_USER_DEFINED
-                 | L.LLAMA_TOKEN_ATTR_UNKNOWN)
+        kinds = L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_UNKNOWN
         found = {}
         for token in range(L.llama_vocab_n_tokens(self._vocab)):
             if L.llama_vocab_get_attr(self._vocab, token) & kinds:
