@@ -165,7 +165,8 @@ def test_a_completion_prompt_is_text(chatml_server):
 @pytest.mark.model
 def test_smollm2_on_transformers_reads_spoofs_as_text(default_backend):
     check_spoofs(default_backend)
-    check_special_tokens(default_backend, default_backend.model.get_input_embeddings().num_embeddings)
+    embeddings = default_backend.model.get_input_embeddings().num_embeddings
+    check_special_tokens(default_backend, embeddings)
 
 
 @pytest.mark.model
