@@ -39,6 +39,7 @@ from codekv.grammars import LANGUAGES
 from codekv.schema import GATE_STRATEGIES, WORKLOADS, ChunkKind, rule_label, workload_of
 from codekv.selection import STRATEGIES as SELECTION
 from codekv.support_schema import (
+    DESIGN,
     KEYS,
     CoveredModel,
     Covers,
@@ -344,6 +345,7 @@ class SupportGate:
                 # what composes, or what passed its evidence; an invalid entry names nothing
                 "method": entry.method if entry else None,
                 "closest": entry.closest if entry else None,  # of a failed one
+                "design": entry.design if entry else None,  # the gate design it was judged under
                 # what it licenses: what its evidence and held-out runs both measured (the
                 # evidence's alone before a confirmation); None where the entry does not say
                 "covers": covered.as_json() if covered else None,
@@ -395,6 +397,11 @@ class SupportGate:
                                   + "; ".join(entry.trial))
         if not entry.passed:
             return Verdict(False, f"unsupported: {pair} failed its evaluation{_why_not(entry)}")
+        if entry.design != DESIGN:
+            judged = (f"the gate design {entry.design}" if entry.design
+                      else "the first gate design (before designs were named)")
+            return Verdict(False, f"unsupported: {pair} was judged under {judged}, not "
+                                  f"{DESIGN}; it licenses nothing until re-earned ({RERUN})")
         held_out = entry.held_out
         if held_out is None or held_out.passed is None:
             return Verdict(False, f"unsupported: {pair} passed its evaluation but was "

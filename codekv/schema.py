@@ -27,9 +27,9 @@ class ChunkKind(StrEnum):
 OTHER_REPOS, OTHER_SEED = "repos", "seed"  # where held-out tasks are drawn from
 # What a request may be composed with, so what the gate may license: a rule that recomputes a
 # share (not one that recomputes everything: that is full prefill at a higher cost) and
-# re-positions (not the baseline that skips it: it only shows the damage).
+# re-positions (not the baseline that skips it: it only shows the damage), and not a control.
 GATE_STRATEGIES = tuple(name for name, cls in SELECTION.items()
-                        if not cls.recomputes_all and cls.reposition)
+                        if not cls.recomputes_all and cls.reposition and not cls.control)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,13 @@ from pydantic_core import PydanticCustomError
 from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.conditioning import CONDITIONINGS
 
+# The gate design entries are judged under now (docs/semantics.md, "The gate design"): its
+# criteria, margins and task counts (``codekv.eval.support.Thresholds``) were chosen together
+# from measured variances before any run was judged under it. An entry judged under another
+# design (or before designs were named) licenses nothing.
+DESIGN = "calibrated-1"
+MIN_TASKS = 200  # its task count: fewer tasks are not evidence (ΔNLL's power needs them)
+
 
 @dataclass(frozen=True)
 class Names:
@@ -198,6 +205,8 @@ class SupportEntry(_Block):
     trial: _described(list[StrictStr] | None, "is not a list of texts") = None
     measured: Measured = None
     candidates: Candidates = None
+    # the gate design it was judged under (``codekv.eval.support.DESIGN``; none: before designs)
+    design: Text = None
     thresholds: Any = None  # what it was held to (``codekv.eval.support.Thresholds``)
     qualified_by: Text = None
 

@@ -232,6 +232,8 @@ def test_an_unreadable_support_file_licenses_nothing_and_says_why(tmp_path, monk
 # -- what an entry covers: the models, languages and context lengths it was measured on ------
 
 SMOLLM = "cb853dba0b5bb18d97a5670367ca39ed"
+# The reason every entry judged before the gate design was named gives (none licenses).
+EARLIER = "was judged under the first gate design (before designs were named), not calibrated-1"
 CODE = covering({"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
                  "ratio": 0.15, "held_out": CONFIRMED}, SMOLLM, max_tokens=2048)
 CODE["covers"]["models"][0]["name"] = "SmolLM2-135M-Instruct"
@@ -442,7 +444,7 @@ def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens
                               "languages": ["python"],
                               "context_tokens": {"min": None, "max": 2048}}
     assert code["evidence"]["covers"]["source"].startswith("backfilled from the run's")
-    assert gate.verdict("llama", "code-qa", request=_asked()).allowed
+    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked()).reason
     assert not gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).allowed
 
 
@@ -453,7 +455,8 @@ def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens
 ])
 def test_the_shipped_negatives_per_language_are_what_their_runs_measured(language, missed):
     """Code QA on SmolLM2 in Go, Rust and TypeScript: no rule passed, so those requests fall
-    back, with the figures that failed, and Python's licence is untouched."""
+    back, with the figures that failed; the Python entry was judged under the first gate
+    design and licenses nothing until re-earned."""
     gate = SupportGate.load()
     [entry] = [pair for pair in gate.pairs() if pair["covers"]["languages"] == [language]]
     assert entry["workload"] == "code-qa" and entry["engine"] == "transformers"
@@ -462,18 +465,18 @@ def test_the_shipped_negatives_per_language_are_what_their_runs_measured(languag
     verdict = gate.verdict("llama", "code-qa", request=_asked(languages=[language]))
     assert verdict.reason == ("unsupported: llama/code-qa failed its evaluation (query@0.15: "
                               f"{missed})")
-    assert gate.verdict("llama", "code-qa", request=_asked()).allowed
+    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked()).reason
 
 
 def test_the_shipped_4k_entry_refuses_longer_python_requests_with_its_figures():
     """Code QA at 4K contexts (issue 23): no rule passed, so Python requests of 2,049 to
-    4,049 tokens fall back, naming the figure that failed; up to 2,048 the 2K entry's rule
-    still composes."""
+    4,049 tokens fall back, naming the figure that failed; up to 2,048 the 2K entry, judged
+    under the first gate design, licenses nothing."""
     gate = SupportGate.load()
     short, long, _ = _shipped_python(gate)
     assert long["covers"]["context_tokens"] == {"min": 1902, "max": 4049}
     assert [m["fingerprint"] for m in long["covers"]["models"]] == [SMOLLM]
-    assert gate.verdict("llama", "code-qa", request=_asked(tokens=2048)).strategy == "query"
+    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked(tokens=2048)).reason
     for tokens in (2049, 4049):
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
             "unsupported: llama/code-qa failed its evaluation (query@0.25: delta NLL CI high "
@@ -498,8 +501,8 @@ def test_the_shipped_8k_entry_refuses_longer_python_requests_with_its_figures():
 
 def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
     """Measured per task (not backfilled): the GGUF's own fingerprint, Python, the contexts
-    its tasks had. Its held-out run (click, networkx) missed the edit-similarity bound, so it
-    licenses nothing, and says which figure failed."""
+    its tasks had. It was judged under the first gate design (its held-out run missed the
+    edit-similarity bound), so it licenses nothing."""
     gate = SupportGate.load()
     [code] = [pair for pair in gate.pairs() if pair["workload"] == "code-qa"
               and pair["engine"] == "llama.cpp" and pair["family"] == "llama"]
@@ -510,8 +513,8 @@ def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
     assert code["evidence"]["covers"]["source"].startswith("measured")
     verdict = gate.verdict("llama", "code-qa", "llama.cpp")
     assert not verdict.allowed and verdict.strategy is None
-    assert verdict.reason == ("unsupported: llama/code-qa on llama.cpp failed on held-out tasks "
-                              "(query@0.15: score drop CI high 1.14 > 1.0)")
+    # it passed its evidence and failed on held-out tasks, under criteria that could not tell
+    assert EARLIER in verdict.reason and code["design"] is None
 
 
 def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
@@ -527,7 +530,7 @@ def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
     verdict = gate.verdict("gemma3", "code-qa", "llama.cpp", request=request)
     assert verdict.reason == ("unsupported: gemma3/code-qa on llama.cpp failed its evaluation "
                               "(query@0.25: score drop CI high 1.03 > 1.0; speedup 0.95x < 2.0x)")
-    assert gate.verdict("llama", "code-qa", request=_asked()).allowed
+    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked()).reason
 
 
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):
@@ -654,7 +657,17 @@ def _user_file(entries) -> Path:
     return path
 
 
-def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_others():
+def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_others(
+        tmp_path, monkeypatch):
+    from codekv.eval.support import write_json
+
+    # a shipped file that licenses the default model's Python code and refuses its Go code
+    shipped_path = tmp_path / "shipped.json"
+    go_negative = {**_code_entry(SMOLLM, languages=["go"], max_tokens=2048), "passed": False,
+                   "strategy": None, "ratio": None, "method": None}
+    write_json(shipped_path, {"format": 1, "entries": [_code_entry(SMOLLM, max_tokens=2048),
+                                                       go_negative]})
+    monkeypatch.setenv("CODEKV_SUPPORT", str(shipped_path))
     theirs = _code_entry(TEST_MODEL, max_tokens=2048) | {"strategy": "boundary", "ratio": 0.25,
                                                          "method": "boundary@0.25"}
     _user_file([theirs])
@@ -678,7 +691,7 @@ def test_an_entry_in_the_user_file_governs_its_model_and_the_shipped_file_the_ot
              if pair["workload"] == "code-qa" and pair["covers"]["languages"] == ["python"]
              and pair["covers"]["context_tokens"]["max"] <= 2048}  # the 2K band
     shipped = shown[False, SMOLLM]
-    assert shipped["file"] == "codekv/data/support.json" and shipped["superseded_for"] == [SMOLLM]
+    assert shipped["file"] == str(shipped_path) and shipped["superseded_for"] == [SMOLLM]
     assert not shipped["supported"] and shipped["reason"].startswith("superseded")
     assert shown[True, TEST_MODEL]["supported"] and not shown[True, SMOLLM]["supported"]
     # duplicates are judged within a file: the user's entry for SmolLM2 is not one of the
@@ -751,11 +764,11 @@ def test_support_shows_the_entries_of_both_files_and_where_each_is(codekv_home):
 
 
 def test_an_entry_from_a_trial_run_licenses_nothing_whatever_else_it_says():
-    trial = _code_entry(SMOLLM) | {"trial": ["--min-tasks 2 is below the gate's 100"]}
+    trial = _code_entry(SMOLLM) | {"trial": ["--min-tasks 2 is below the gate's 200"]}
     gate = SupportGate([trial], "t")
     assert gate.problems == [[]]
     verdict = gate.verdict("llama", "code-qa", request=_asked())
     assert verdict == type(verdict)(False, "unsupported: llama/code-qa is from a trial run, not "
-                                           "evidence: --min-tasks 2 is below the gate's 100")
+                                           "evidence: --min-tasks 2 is below the gate's 200")
     assert SupportGate([_code_entry(SMOLLM)], "t").verdict("llama", "code-qa",
                                                            request=_asked()).allowed

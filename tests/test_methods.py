@@ -30,21 +30,24 @@ def test_a_strategy_may_name_its_own_ratio():
                                            "none"]
     assert command._strategies("query@0.25,boundary") == ("query@0.25", "boundary")
     for bad, message in (("query@x", "numbers"), ("query@1.5", "between 0 and 1"),
-                         ("query@0", "above 0"), ("all@0.2", "unknown strategies"),
+                         ("query@0", "above 0"), ("alll@0.2", "unknown strategies"),
                          (",", "unknown strategies")):
         with pytest.raises(click.BadParameter, match=message):
             command._strategies(bad)
 
 
 def test_evaluated_strategies_come_from_the_selection_registry():
-    """Every registered strategy is evaluated except the one that is full prefill at a
-    higher cost; the gate may pick all of those but the baseline without re-positioning."""
-    assert set(methods.PARTIAL_STRATEGIES) == set(STRATEGIES) - {"all"}
-    assert set(schema.GATE_STRATEGIES) == set(STRATEGIES) - {"all", "none-norope"}
+    """Every registered strategy is evaluated by default except the gate's controls (the one
+    that is full prefill at a higher cost, the random one), which run when asked; the gate may
+    pick all of those but the baseline without re-positioning."""
+    assert set(methods.PARTIAL_STRATEGIES) == set(STRATEGIES) - {"all", "random"}
+    assert set(methods.CONTROLS) == {"all", "random"}
+    assert set(schema.GATE_STRATEGIES) == set(STRATEGIES) - {"all", "random", "none-norope"}
     assert {m.strategy for m in methods.composition_methods()} == set(methods.PARTIAL_STRATEGIES)
     assert command._names("none,hybrid") == ("none", "hybrid")
-    with pytest.raises(click.BadParameter, match="unknown strategies"):
-        command._names("none,all")
+    assert command._names("none,all,random") == ("none", "all", "random")
+    assert [m.label for m in methods.composition_methods(("all", "random@0.15"))] == [
+        "all@1", "random@0.15"]  # all recomputes every token, whatever the run's ratios
 
 
 def test_conditioning_crosses_every_strategy():

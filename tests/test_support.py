@@ -30,6 +30,7 @@ from codekv.eval.support import (
     write_json,
 )
 from codekv.gate import SupportGate
+from codekv.support_schema import DESIGN
 
 
 @pytest.fixture(autouse=True)
@@ -39,23 +40,45 @@ def _bytes(byte_counter):
 
 def test_thresholds_each_fail_a_row():
     t = Thresholds()
-    assert failures(fake_row("hybrid@0.15", delta=0.03, agreement=0.95, speedup=2.0, drop=0.5),
-                    t) == []
+    assert failures(fake_row("hybrid@0.15", delta=0.03, agreement=0.95, speedup=2.0, drop=5.0),
+                    t) == []  # the edit-similarity drop is reported, judged by no criterion
     # The interval's upper end decides: a mean of 0.031 is not within 0.05 at +-0.02.
     assert failures(fake_row("hybrid@0.15", delta=0.031), t) == ["delta NLL CI high 0.051 > 0.05"]
     assert failures(fake_row("hybrid@0.15", delta=-0.5), t) == []  # better than full prefill
-    assert failures(fake_row("hybrid@0.15", drop=0.6), t) == ["score drop CI high 1.10 > 1.0"]
+    # Retention: the interval's lower end, over enough tasks that full prefill solves.
+    assert failures(fake_row("hybrid@0.15", retention=0.9), t) == []
+    assert failures(fake_row("hybrid@0.15", retention=0.89), t) == [
+        "retention CI low 0.840 < 0.85"]
+    assert failures(fake_row("hybrid@0.15", solved=79), t) == [
+        "full prefill solves 79 tasks (need 80)"]
     assert failures(fake_row("hybrid@0.15", agreement=0.949), t) == [
         "decisive agreement 0.949 < 0.95"]
     assert failures(fake_row("hybrid@0.15", speedup=1.99), t) == ["speedup 1.99x < 2.0x"]
-    assert failures(fake_row("hybrid@0.15", tasks=99), t) == ["only 99 tasks (need 100)"]
+    assert failures(fake_row("hybrid@0.15", tasks=199), t) == ["only 199 tasks (need 200)"]
     assert failures(fake_row("hybrid@0.15", fallbacks=1), t) == [
         "1 requests fell back to full prefill"]
     no_intervals = dataclasses.replace(fake_row("hybrid@0.15"), delta_nll_ci=None,
-                                       score_drop_ci=None, decisive_agreement=None)
+                                       retention_ci=None, decisive_agreement=None)
     assert failures(no_intervals, t) == ["delta NLL CI high inf > 0.05",
-                                         "score drop CI high inf > 1.0",
+                                         "retention CI low -inf < 0.85",
                                          "decisive agreement n/a < 0.95"]
+
+
+def test_an_entry_records_the_design_it_was_judged_under_and_only_that_design_licenses():
+    document = evidence_document([fake_row("query@0.15")])
+    [entry] = document["entries"]
+    assert entry["design"] == DESIGN and entry["thresholds"]["min_tasks"] == 200
+    confirm_entries(document, [fake_row("query@0.15")], "llama", HELD_OUT)
+    assert SupportGate(document["entries"], "t").verdict("llama", "code-qa").allowed
+    for earlier in (None, "first"):  # before designs were named, or another one
+        old = {**entry, "design": earlier} if earlier else {
+            k: v for k, v in entry.items() if k != "design"}
+        verdict = SupportGate([old], "t").verdict("llama", "code-qa")
+        assert not verdict.allowed and f"not {DESIGN}; it licenses nothing until re-earned" in (
+            verdict.reason)
+        # ... and a held-out run never confirms it: it is re-earned from its evidence
+        assert confirm_entries({"entries": [old]}, [fake_row("query@0.15")], "llama",
+                               HELD_OUT) == []
 
 
 def test_gate_picks_the_cheapest_passing_strategy():
@@ -253,7 +276,8 @@ def test_held_out_tasks_confirm_the_cheapest_strategy_that_passes_them_too():
     [entry] = document["entries"]
     assert entry["method"] == "query-cost@0.15"
     assert entry["candidates"][1]["measured"]["delta_nll"] == 0.01  # kept for every candidate
-    held_out = [fake_row("query-cost@0.15", recompute=0.13, drop=0.7), fake_row("query@0.15"),
+    held_out = [fake_row("query-cost@0.15", recompute=0.13, retention=0.88),
+                fake_row("query@0.15"),
                 fake_row("boundary@0.15")]  # boundary "passes" here, but failed its evidence
     lines = confirm_entries(document, held_out, "llama", HELD_OUT)
     assert lines == ["llama/code-qa: confirmed on held-out tasks with query@0.15"]
@@ -264,7 +288,7 @@ def test_held_out_tasks_confirm_the_cheapest_strategy_that_passes_them_too():
     assert block["generated_by"] == HELD_OUT["command"] and block["repos"] == ["package:click"]
     assert [(c["method"], c["passed"]) for c in block["candidates"]] == [
         ("query-cost@0.15", False), ("query@0.15", True)]
-    assert block["candidates"][0]["failures"] == ["score drop CI high 1.20 > 1.0"]
+    assert block["candidates"][0]["failures"] == ["retention CI low 0.830 < 0.85"]
     verdict = SupportGate(document["entries"], "t").verdict("llama", "code-qa")
     assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("query", 0.15)
 
@@ -320,8 +344,13 @@ def test_shipped_support_file_is_a_generated_document():
         assert entry.get("generated_by", data["generated_by"]).startswith("codekv eval")
         assert set(entry) >= {"family", "workload", "passed", "strategy", "ratio", "thresholds",
                               "measured", "reason"}
+        if entry.get("design") != DESIGN:  # judged by earlier criteria: it licenses nothing
+            assert not gate.verdict(entry["family"], entry["workload"],
+                                    entry.get("backend", "transformers")).allowed or any(
+                e.get("design") == DESIGN for e in data["entries"] if e is not entry)
+            continue
         measured = ResultRow.from_json(entry["measured"] | {"fallbacks": 0})
-        expected = not failures(measured, Thresholds(**entry["thresholds"])) if entry[
+        expected = not failures(measured, Thresholds.of(entry["thresholds"])) if entry[
             "passed"] else False
         assert entry["passed"] == expected
 

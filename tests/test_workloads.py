@@ -18,10 +18,10 @@ def _bytes(byte_counter):
 
 def test_completion_task_is_the_line_using_a_definition_of_another_chunk(git_repo):
     index = indexed(git_repo, HAND)
-    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, definition_share=0.0)
+    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, shares=(0.0, 0.0))
     assert task.kind == "completion"
-    assert task.query == "# app.py\ndef run(value):\n    doubled = value * 2\n"
-    assert task.answer == "    return helper(doubled)"
+    assert task.query == "# app.py\ndef run(value):\n    doubled = value * 2"
+    assert task.answer == "\n    return helper(doubled)"  # the line's newline starts it
     assert task.meta["definition"] == "util.py::helper"
     assert "util.py::helper" in task.context_names()
     assert "app.py::run" not in task.context_names()  # the query is its text
@@ -29,7 +29,7 @@ def test_completion_task_is_the_line_using_a_definition_of_another_chunk(git_rep
 
 def test_definition_question_is_answered_by_the_code(git_repo):
     index = indexed(git_repo, HAND)
-    tasks = workloads.code_qa(index, 2, seed=0, context_tokens=400, definition_share=1.0)
+    tasks = workloads.code_qa(index, 2, seed=0, context_tokens=400, shares=(0.0, 1.0))
     by_source = {t.source: t for t in tasks}
     helper = by_source["util.py::helper"]
     assert helper.kind == "returns"
@@ -38,6 +38,40 @@ def test_definition_question_is_answered_by_the_code(git_repo):
     assert helper.answer == " x + 1"
     run = by_source["app.py::run"]  # two returns-free questions: its one call comes first
     assert (run.kind, run.answer) in {("calls", " helper"), ("returns", " helper(doubled)")}
+
+
+def test_a_recall_task_asks_for_a_line_of_a_function_in_the_context(git_repo):
+    index = indexed(git_repo, HAND)
+    drawn = workloads.code_qa(index, 4, seed=0, context_tokens=400, shares=(1.0, 0.0))
+    tasks = [t for t in drawn if t.kind == "recall"]  # the rest: functions too short for one
+    assert tasks
+    for task in tasks:
+        chunk = next(c for c in task.context if workloads.item_name(c) == task.source)
+        header, _, cue = task.query.partition("\n")
+        assert header == f"# {chunk.path}"
+        # the lines before the answer, then the answer's line, are the chunk's text verbatim
+        assert cue + task.answer in HAND[chunk.path] and task.answer.startswith("\n")
+        assert task.answer.count("\n") == 1 and len(task.answer.strip()) >= 8
+
+
+@pytest.mark.parametrize("shares", [(0.0, 0.0), (1.0, 0.0)], ids=["completion", "recall"])
+def test_a_one_line_answer_starts_where_the_tokenizer_would_cut(git_repo, shares):
+    """Query and answer tokenized apart are the same tokens as their text tokenized whole: a
+    query ending in a bare newline (the answer's indentation apart) is not, and a model reading
+    it starts a new line of its own (session 15: full prefill then solved no completion)."""
+    from fixtures.models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer(1)
+    index = indexed(git_repo, HAND)
+    tasks = [t for t in workloads.code_qa(index, 4, seed=0, context_tokens=400, shares=shares)
+             if t.kind in ("completion", "recall")]
+    assert tasks
+    for task in tasks:
+        apart = tokenizer.encode(task.query) + tokenizer.encode(task.answer)
+        assert apart == tokenizer.encode(task.query + task.answer)
+        old_query, old_answer = task.query + "\n", task.answer.removeprefix("\n")
+        assert (tokenizer.encode(old_query) + tokenizer.encode(old_answer)
+                != tokenizer.encode(old_query + old_answer))
 
 
 # Hand-checked against HAND_BY_LANGUAGE: the query after the file's header, the answer line.
@@ -62,11 +96,12 @@ COMPLETIONS = {
 @pytest.mark.parametrize("language", sorted(COMPLETIONS))
 def test_a_completion_in_each_language_is_written_in_its_comments(git_repo, language):
     index = indexed(git_repo, HAND_BY_LANGUAGE[language])
-    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, definition_share=0.0)
+    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, shares=(0.0, 0.0))
     body, answer, definition = COMPLETIONS[language]
     path = task.source.split("::")[0]
     assert task.kind == "completion" and task.meta["language"] == language
-    assert task.query == f"// {path}\n{body}" and task.answer == answer
+    assert task.query == f"// {path}\n{body}".removesuffix("\n")
+    assert task.answer == "\n" + answer
     assert task.meta["definition"] == definition and definition in task.context_names()
     assert {c.language for c in task.context} == {language}
 
@@ -87,7 +122,7 @@ RETURNS = [
 def test_a_definition_question_in_each_language_names_it_that_language_s_way(
         git_repo, language, source, subject, returned):
     index = indexed(git_repo, HAND_BY_LANGUAGE[language])
-    tasks = workloads.code_qa(index, 12, seed=0, context_tokens=400, definition_share=1.0)
+    tasks = workloads.code_qa(index, 12, seed=0, context_tokens=400, shares=(0.0, 1.0))
     asked = {t.source: t for t in tasks if t.kind == "returns"}
     task = asked[source]
     path = source.split("::")[0]
@@ -99,8 +134,8 @@ def test_a_definition_question_in_each_language_names_it_that_language_s_way(
 def test_a_crlf_file_s_answer_ends_with_its_line(git_repo):
     files = {name: text.replace("\n", "\r\n") for name, text in HAND_BY_LANGUAGE["go"].items()}
     index = indexed(git_repo, files)
-    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, definition_share=0.0)
-    assert task.answer == "\treturn helper(doubled)"
+    [task] = workloads.code_qa(index, 1, seed=0, context_tokens=400, shares=(0.0, 0.0))
+    assert task.answer == "\n\treturn helper(doubled)" and not task.query.endswith(("\r", "\n"))
 
 
 def test_go_s_own_functions_are_no_call_question(git_repo):
@@ -108,7 +143,7 @@ def test_go_s_own_functions_are_no_call_question(git_repo):
                                            "\treturn len(items)\n}\n\n"
                                            "func total(items []int) int {\n"
                                            "\treturn size(items) * 2\n}\n")})
-    tasks = workloads.code_qa(index, 6, seed=0, context_tokens=400, definition_share=1.0)
+    tasks = workloads.code_qa(index, 6, seed=0, context_tokens=400, shares=(0.0, 1.0))
     calls = {t.source: t.answer for t in tasks if t.kind == "calls"}
     assert "util.go::size" not in calls  # its first call is len, Go's own
     assert calls.get("util.go::total", " size") == " size"

@@ -23,6 +23,7 @@ from codekv.eval.methods import (
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.grammars import LANGUAGES
 from codekv.schema import OTHER_REPOS, WORKLOADS
+from codekv.support_schema import MIN_TASKS
 
 
 def _floats(text: str | None) -> tuple[float, ...] | None:
@@ -193,7 +194,7 @@ def canonical_command(config) -> str:
                    "--seed elsewhere); only a confirmed entry licenses composition.")
 @click.option("--plots", type=click.Path(file_okay=False, path_type=Path),
               help="Write PNG plots here (needs matplotlib: the 'eval' extra).")
-@click.option("--min-tasks", type=int, default=100, show_default=True,
+@click.option("--min-tasks", type=int, default=MIN_TASKS, show_default=True,
               help="Fewer tasks than this are not evidence for the gate.")
 @click.option("--no-reorder", is_flag=True,
               help="Skip the full-reordered reference (full prefill of the chunks in another "

@@ -96,7 +96,7 @@ def _workload_tables(workload: str, rows: list[ResultRow], compared: list[dict],
     if fixed:
         out += ["", "Without a ratio: " + "; ".join(f"{r.method} {_abs(r)}" for r in fixed)
                 + "."]
-    out += ["", f"### {workload}: the gate per cell (ΔNLL upper end / score-drop upper end / "
+    out += ["", f"### {workload}: the gate per cell (ΔNLL upper end / retention lower end / "
                 "decisive agreement / speedup)", ""]
     out += table(lambda rule, ratio: _verdict(cells.get((rule, ratio)), thresholds))
     for entry in gate_entries(list(cells.values()), family, thresholds):  # none without cells
@@ -124,7 +124,8 @@ def _verdict(cell: ResultRow | None, thresholds: Thresholds) -> str:
     if cell is None:
         return "-"
     figures = " / ".join([
-        _upper(cell.delta_nll_ci, "+.3f"), _upper(cell.score_drop_ci, "+.2f"),
+        _upper(cell.delta_nll_ci, "+.3f"),
+        format(cell.retention_ci[0], ".3f") if cell.retention_ci else "-",
         optional(cell.decisive_agreement, ".1%"),
         "-" if cell.speedup is None else f"{cell.speedup:.2f}x",
     ])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from codekv.eval import checkpoint
 from codekv.eval.measures import ResultRow
-from codekv.eval.report import ci, is_peer, is_pruning
+from codekv.eval.report import ci, is_peer, is_pruning, retained
 from codekv.eval.results import aggregate, comparisons, mean_ci
 
 
@@ -33,8 +33,9 @@ def results_tables(data: dict) -> str:
         lines += [f"### {workload}", ""]
         lines.append(row(["method", "ratio", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]",
                            "agreement", "decisive agreement", "near-ties",
-                           "edit-similarity drop [95% CI]", "KL", "TTFT s", "speedup"]))
-        lines.append(row(["---"] * 12))
+                           "retention [95% CI] of solved", "edit-similarity drop [95% CI]", "KL",
+                           "TTFT s", "speedup"]))
+        lines.append(row(["---"] * 13))
         for r in results(data):
             if r.workload != workload or is_pruning(r) or is_peer(r):
                 continue
@@ -43,6 +44,7 @@ def results_tables(data: dict) -> str:
                 f"{r.ratio:.2f}", r.tasks, ci(r.delta_nll, r.delta_nll_ci, "+.3f"),
                 ci(r.abs_delta_nll, r.abs_delta_nll_ci, ".3f"), f"{r.agreement:.2f}",
                 optional(r.decisive_agreement, ".2f"), r.near_ties,
+                retained(r.retention, r.retention_ci, r.solved),
                 ci(r.score_drop, r.score_drop_ci, "+.1f"), f"{r.kl:.3f}",
                 f"{r.ttft_s:.2f}", optional(r.speedup, ".2f") + "x",
             ]))
@@ -167,14 +169,17 @@ def throughput_table(data: dict) -> str:
 
 def gate_table(data: dict) -> str:
     lines = [row(["family", "workload", "verdict", "best / closest", "ΔNLL [95% CI]",
-                   "decisive agreement", "edit-similarity drop [95% CI]", "speedup"]),
-             row(["---"] * 8)]
+                   "retention [95% CI] of solved", "decisive agreement",
+                   "edit-similarity drop [95% CI]", "speedup"]),
+             row(["---"] * 9)]
     for entry in data.get("gate", []):
         measured = entry.get("measured", {})
         lines.append(row([
             entry["family"], entry["workload"], "pass" if entry["passed"] else "fail",
             entry.get("method") or entry.get("closest") or "-",
             ci(measured.get("delta_nll"), measured.get("delta_nll_ci"), "+.3f"),
+            retained(measured.get("retention"), measured.get("retention_ci"),
+                     measured.get("solved")),
             optional(measured.get("decisive_agreement"), ".3f"),
             ci(measured.get("score_drop"), measured.get("score_drop_ci"), "+.1f"),
             optional(measured.get("speedup"), ".2f") + "x",

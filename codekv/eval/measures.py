@@ -51,6 +51,7 @@ class Measure:
     budget: float | None = None  # pruning: the share of context KV kept
     kv_bytes: int = 0  # context KV the request state holds
     full_kv_bytes: int = 0  # context KV full prefill holds
+    same_answer: bool | None = None  # its scored greedy answer is full prefill's, token for token
 
     @property
     def kv_kept(self) -> float:
@@ -97,6 +98,12 @@ class ResultRow:
     greedy_match: float
     exact_match: float
     answer_exact: float
+    # Of the tasks full prefill solves (its greedy answer is the expected one), how many, and
+    # the share this method still solves with its Wilson 95% interval (None: it solves none).
+    solved: int
+    retention: float | None
+    retention_ci: Interval
+    same_answer: float | None  # share of tasks whose greedy answer is full prefill's own
     edit_similarity: float | None
     edit_similarity_ci: Interval
     identifier_f1: float

@@ -41,11 +41,15 @@ from codekv.selection import STRATEGIES as SELECTION
 
 FULL = "full"  # the reference: full prefill of the same tokens
 # The rules evaluated at recompute ratios: every selection rule but the one that recomputes all.
-PARTIAL_STRATEGIES = tuple(name for name, cls in SELECTION.items() if not cls.recomputes_all)
+PARTIAL_STRATEGIES = tuple(name for name, cls in SELECTION.items()
+                           if not cls.recomputes_all and not cls.control)
+# The gate's controls, run when asked (``--strategies all,random@0.15``), never by default:
+# ``all`` equals full prefill (the positive control), ``random`` must fail (a negative one).
+CONTROLS = tuple(name for name, cls in SELECTION.items() if cls.control or cls.recomputes_all)
 # The evaluation's own baseline (``codekv.eval.runner.Composition``): the strategy ``none``
 # over the chunks in the previous request's order (``runner.reordered``).
 SHIFT_ONLY = "shift-only"
-EVAL_STRATEGIES = (*PARTIAL_STRATEGIES, SHIFT_ONLY)  # what --strategies accepts
+EVAL_STRATEGIES = (*PARTIAL_STRATEGIES, *CONTROLS, SHIFT_ONLY)  # what --strategies accepts
 RATIOS = (0.0, 0.05, 0.10, 0.15, 0.25)
 BUDGETS = (0.25, 0.5)  # share of the context KV kept
 PEERS = ("kvboost", "kvboost-passage")
@@ -136,6 +140,8 @@ def composition_methods(strategies=PARTIAL_STRATEGIES, ratios=RATIOS,
             name, fixed = split_entry(entry)
             if ratio_free(name):
                 out.append(Method(name, 0.0, conditioning=conditioning))
+            elif name in SELECTION and SELECTION[name].recomputes_all:
+                out.append(Method(name, 1.0, conditioning=conditioning))
             elif fixed is not None:
                 out.append(Method(name, fixed, conditioning=conditioning))
             else:

@@ -17,6 +17,7 @@ from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.grammars import LANGUAGES
 from codekv.schema import WORKLOADS
+from codekv.support_schema import MIN_TASKS
 
 CHECKPOINTED = "(from the checkpoint)"  # how the runner names a task read back from one
 
@@ -179,9 +180,9 @@ def qualify_argv(options) -> str:
                    "default model, plus none and boundary@0.15].")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="The evidence's seed; the held-out run draws with the next one.")
-@click.option("--min-tasks", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Fewer tasks than this are not evidence. Below 100 the run is a trial: its "
-                   "entries say so and license nothing.")
+@click.option("--min-tasks", type=click.IntRange(min=1), default=MIN_TASKS, show_default=True,
+              help=f"Fewer tasks than this are not evidence. Below {MIN_TASKS} the run is a "
+                   "trial: its entries say so and license nothing.")
 def qualify_command(model, engine, repos, held_out_repos, held_out_paths, workloads, languages,
                     tasks, context_tokens, strategies, seed, min_tasks):
     """Qualify your model on your repositories: evidence tasks, the rule grid, the held-out

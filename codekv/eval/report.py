@@ -31,10 +31,17 @@ def ci(value, interval, fmt: str) -> str:
     return f"{value:{fmt}} [{interval[0]:{fmt}}, {interval[1]:{fmt}}]"
 
 
+def retained(retention, interval, solved) -> str:
+    """Retention with its interval and the tasks full prefill solves (``-``: it solves none)."""
+    if retention is None:
+        return "-"
+    return f"{ci(retention, interval, '.2f')} of {solved}"
+
+
 def results_table(rows: list[ResultRow], title: str = "codekv eval") -> Table:
     table = Table(title=title + " (95% intervals over tasks)")
     for name in ("workload", "method", "tasks", "dNLL", "|dNLL|", "agree", "decisive",
-                 "ties", "ES drop", "KL", "TTFT s", "speedup", "recomp"):
+                 "ties", "retention", "ES drop", "KL", "TTFT s", "speedup", "recomp"):
         table.add_column(name, justify="left" if name in ("workload", "method") else "right")
     for r in rows:
         if is_pruning(r):
@@ -44,6 +51,7 @@ def results_table(rows: list[ResultRow], title: str = "codekv eval") -> Table:
             ci(r.delta_nll, r.delta_nll_ci, "+.3f"),
             ci(r.abs_delta_nll, r.abs_delta_nll_ci, ".3f"), _num(r.agreement, ".1%"),
             _num(r.decisive_agreement, ".1%"), str(r.near_ties),
+            retained(r.retention, r.retention_ci, r.solved),
             ci(r.score_drop, r.score_drop_ci, "+.1f"), _num(r.kl, ".3f"),
             _num(r.ttft_s, ".2f"), _num(r.speedup, ".1f") + "x",
             _num(r.recompute_ratio, ".0%"),

@@ -9,7 +9,7 @@ from statistics import fmean, median, stdev
 from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval.measures import ResultRow
 from codekv.eval.methods import SHIFT_ONLY
-from codekv.eval.stats import bootstrap_ci, paired_difference
+from codekv.eval.stats import bootstrap_ci, paired_difference, wilson_ci
 from codekv.schema import rule_name
 
 # Rules are compared with these baselines, at the same ratio, on the same tasks; ``query``
@@ -32,7 +32,9 @@ def aggregate(measures) -> list[ResultRow]:
     ``kind`` says what a row is: "reference" (full prefill, and full prefill reordered),
     "composition", "pruning" (then ``budget`` = ``ratio`` is the share of context KV kept, and
     ``kv_kept`` what was kept) or "peer". ``score_drop`` is full prefill's edit similarity minus
-    the method's, per task. Every ``*_ci`` is a 95% bootstrap interval over the tasks.
+    the method's, per task. ``retention``: of the tasks full prefill solves (its greedy answer
+    is the expected one), the share the method still solves. Every other ``*_ci`` is a 95%
+    bootstrap interval over the tasks; ``retention_ci`` is Wilson's.
     """
     groups: dict[tuple[str, str], list] = {}
     for m in measures:
@@ -45,6 +47,10 @@ def aggregate(measures) -> list[ResultRow]:
         decisive = [m.decisive_agreement for m in group if m.decisive_agreement is not None]
         drops = [full[(m.workload, m.task)].edit_similarity - m.edit_similarity
                  for m in group if (m.workload, m.task) in full]
+        solved = [m.answer_exact for m in group
+                  if (m.workload, m.task) in full and full[(m.workload, m.task)].answer_exact]
+        retention_ci = wilson_ci(sum(solved), len(solved))
+        same = [m.same_answer for m in group if m.same_answer is not None]
         delta_nll, delta_nll_ci = mean_ci(deltas)
         abs_delta, abs_delta_ci = mean_ci([abs(d) for d in deltas])
         agreement, agreement_ci = mean_ci([m.agreement for m in group])
@@ -75,6 +81,10 @@ def aggregate(measures) -> list[ResultRow]:
             greedy_match=fmean(float(m.greedy_match) for m in group),
             exact_match=fmean(float(m.exact_match) for m in group),
             answer_exact=fmean(float(m.answer_exact) for m in group),
+            solved=len(solved),
+            retention=fmean(map(float, solved)) if solved else None,
+            retention_ci=list(retention_ci) if retention_ci else None,
+            same_answer=fmean(map(float, same)) if same else None,
             edit_similarity=similarity,
             edit_similarity_ci=similarity_ci,
             identifier_f1=fmean(m.identifier_f1 for m in group),

@@ -18,7 +18,8 @@ teacher-forced, which gives in one pass per continuation:
 - the task score of the method's own greedy answer, the way code-completion benchmarks score
   it (``codekv.eval.scores``): exact match, edit similarity and identifier F1 against the
   expected answer (a completion on its first line). The greedy answer equals full prefill's up
-  to the first position where the method's top-1 differs, so only the rest is decoded.
+  to the first position where the method's top-1 differs, so only the rest is decoded;
+  ``same_answer``: it is full prefill's answer, token for token, as long as it is scored.
 
 ``Reordered`` adds the reference ``full-reordered``: full prefill of the same chunks in another
 order, scored like a method, so every delta has the scale of what an agent's arbitrary chunk
@@ -47,6 +48,7 @@ from codekv.eval.workloads import Task
 DECISIVE_MARGIN = 0.1  # top-1 minus runner-up probability under full prefill
 ANSWER_TOKENS = 32  # at most this many tokens of a greedy answer are decoded and scored
 COMPLETION_SLACK = 8  # a completion line may run longer than expected before it is cut
+ONE_LINE = ("completion", "recall")  # task kinds whose answer is one line of code
 
 
 class MethodRunner(Protocol):
@@ -159,7 +161,7 @@ class _Reference:
     @classmethod
     def of(cls, backend, full, task: Task, greedy_tokens: int) -> _Reference:
         answer_ids = backend.tokenize(task.answer)
-        one_line = task.kind == "completion"
+        one_line = task.kind in ONE_LINE
         length = min(ANSWER_TOKENS, len(answer_ids) + (COMPLETION_SLACK if one_line else 0))
         greedy_ids = greedy(backend, full.state, max(greedy_tokens, length))
         top2 = forced_logprobs(backend, full.state, greedy_ids[:greedy_tokens]).exp().topk(2)
@@ -260,6 +262,7 @@ def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Me
     agree = top1[: ref.greedy_tokens] == torch.tensor(ref.greedy_ids[: ref.greedy_tokens])
     decisive = ref.decisive[: len(agree)]
     answer_ids = greedy_answer(backend, result.state, ref, top1)[: ref.answer_length]
+    same_answer = answer_ids == ref.greedy_ids[: ref.answer_length]
     answer = score(backend.detokenize(answer_ids), ref.answer, one_line=ref.one_line)
     report = result.report
     return Measure(
@@ -279,7 +282,7 @@ def _measure(backend, task: Task, method: Method, result, ref: _Reference) -> Me
         recompute_ratio=report.recompute_ratio,
         store_load_s=report.timings.get("store_load", 0.0),
         fallback_reason=report.fallback_reason, kind=method.kind,
-        budget=method.ratio if method.kind == "pruning" else None,
+        budget=method.ratio if method.kind == "pruning" else None, same_answer=same_answer,
     )
 
 

@@ -4,11 +4,14 @@ Every measure of a method is paired with full prefill of the same task (ΔNLL is
 per-task difference), and two rules are compared on the same tasks. Resampling whole tasks
 keeps that pairing, and a percentile interval assumes nothing about the shape of the
 distribution - |ΔNLL| and KL are heavy-tailed, and a few hard tasks dominate their means.
-The generator is seeded, so the same measures always give the same interval.
+The generator is seeded, so the same measures always give the same interval. A share of
+tasks (how many of those full prefill solves a rule still solves) gets a Wilson score interval,
+which stays inside [0, 1] and is not degenerate at 100%.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,3 +50,17 @@ def paired_difference(a: Sequence[float], b: Sequence[float], samples: int = SAM
 
 def excludes_zero(interval: tuple[float, float] | None) -> bool:
     return interval is not None and (interval[0] > 0.0 or interval[1] < 0.0)
+
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson_ci(successes: int, trials: int, z: float = Z95) -> tuple[float, float] | None:
+    """The Wilson score interval of a binomial share; None without trials."""
+    if trials <= 0:
+        return None
+    p = successes / trials
+    centre = p + z * z / (2 * trials)
+    spread = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    scale = 1 + z * z / trials
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)

@@ -1,11 +1,11 @@
 """The support gate's verdicts: which (model family, workload) pairs may compose, and how.
 
-A pair passes when some composition strategy met every threshold on enough tasks, judged on
-the evidence's confidence intervals rather than its means (docs/semantics.md has the
-definition); the entry then names the cheapest such strategy and ratio (least recomputed,
-then fastest). A pair that
-was evaluated and failed gets an entry that says why, with the measurements of the candidate
-closest to passing. A pair never evaluated gets no entry: the gate treats it as unsupported.
+A pair passes when some composition strategy met every threshold of the gate design
+(``DESIGN``) on enough tasks, judged on the evidence's confidence intervals rather than its
+means (docs/semantics.md has the design and its reasoning); the entry then names the
+cheapest such strategy and ratio (least recomputed, then fastest). A pair that was evaluated
+and failed gets an entry that says why, with the measurements of the candidate closest to
+passing. A pair never evaluated gets no entry: the gate treats it as unsupported.
 
 A pass on the tasks a rule was developed on is not enough: ``confirm_entries`` judges the
 strategies that passed again on held-out tasks (other repositories, or another seed), and only
@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -28,31 +28,54 @@ from codekv.chunks import Chunk
 from codekv.eval.measures import ResultRow
 from codekv.gate import CODE_WORKLOAD, UnreadableSupportFile, read_entry, read_support_text
 from codekv.schema import GATE_STRATEGIES
-from codekv.support_schema import Covers, SupportEntry, SupportFile, context_band, languages_overlap
+from codekv.support_schema import (
+    DESIGN,
+    MIN_TASKS,
+    Covers,
+    SupportEntry,
+    SupportFile,
+    context_band,
+    languages_overlap,
+)
 
 MEASURED_KEYS = ("tasks", "delta_nll", "delta_nll_ci", "abs_delta_nll", "agreement",
-                 "decisive_agreement", "near_ties", "edit_similarity", "score_drop",
-                 "score_drop_ci", "greedy_match", "kl", "exact_match", "ttft_s", "full_ttft_s",
-                 "speedup", "recompute_ratio", "context_tokens")
+                 "decisive_agreement", "near_ties", "solved", "retention", "retention_ci",
+                 "same_answer", "edit_similarity", "score_drop", "score_drop_ci",
+                 "greedy_match", "kl", "exact_match", "ttft_s", "full_ttft_s", "speedup",
+                 "recompute_ratio", "context_tokens")
 
 
 @dataclass(frozen=True)
 class Thresholds:
+    """The gate design's (``DESIGN``) criteria and task counts."""
+
     # The upper end of the 95% interval of mean answer NLL difference, nats/token.
     max_delta_nll_high: float = 0.05
-    # The upper end of the 95% interval of the task-score drop (full prefill's edit similarity
-    # minus the method's, 0-100 points).
-    max_score_drop_high: float = 1.0
+    # Of the tasks full prefill solves (its greedy answer is the expected one), the lower end
+    # of the Wilson 95% interval of the share the rule still solves, over at least
+    # ``min_solved`` such tasks.
+    min_retention_low: float = 0.85
+    min_solved: int = 80
     # Greedy top-1 agreement with full prefill where full's top token beats its runner-up by
     # >= 0.1 in probability (near-ties flip under any perturbation; they are reported apart).
     min_decisive_agreement: float = 0.95
     min_speedup: float = 2.0  # median over tasks of full prefill TTFT / composed TTFT
     # (composed TTFT includes reading the chunk store and every selection pass)
-    min_tasks: int = 100  # fewer tasks are not evidence
+    min_tasks: int = MIN_TASKS
+
+    @classmethod
+    def of(cls, written: dict | None) -> Thresholds:
+        """The thresholds an entry records (those of its design; keys of none are left out)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (written or {}).items() if k in known})
 
 
 def _high(interval) -> float:
     return interval[1] if interval else math.inf
+
+
+def _low(interval) -> float:
+    return interval[0] if interval else -math.inf
 
 
 def failures(row: ResultRow, thresholds: Thresholds) -> list[str]:
@@ -66,9 +89,11 @@ def failures(row: ResultRow, thresholds: Thresholds) -> list[str]:
     if _high(row.delta_nll_ci) > t.max_delta_nll_high:
         out.append(f"delta NLL CI high {_high(row.delta_nll_ci):.3f} > "
                    f"{t.max_delta_nll_high}")
-    if _high(row.score_drop_ci) > t.max_score_drop_high:
-        out.append(f"score drop CI high {_high(row.score_drop_ci):.2f} > "
-                   f"{t.max_score_drop_high}")
+    solved = row.solved or 0
+    if solved < t.min_solved:
+        out.append(f"full prefill solves {solved} tasks (need {t.min_solved})")
+    elif solved and _low(row.retention_ci) < t.min_retention_low:
+        out.append(f"retention CI low {_low(row.retention_ci):.3f} < {t.min_retention_low}")
     decisive = row.decisive_agreement
     if decisive is None or decisive < t.min_decisive_agreement:
         shown = "n/a" if decisive is None else f"{decisive:.3f}"
@@ -89,7 +114,7 @@ def gate_entries(rows: list[ResultRow], family: str, thresholds: Thresholds = Th
         judged = [(r, failures(r, thresholds)) for r in candidates]
         passing = [r for r, why in judged if not why]
         entry = {"backend": engine, "family": family, "workload": workload, "model": model,
-                 "thresholds": asdict(thresholds)}
+                 "design": DESIGN, "thresholds": asdict(thresholds)}
         if passing:
             best = _cheapest(passing)
             entry.update(passed=True, strategy=best.strategy, ratio=best.ratio,
@@ -158,7 +183,7 @@ def confirm_entries(document: dict, rows: list[ResultRow], family: str, run: dic
         ours = [r for r in rows if r.workload == read.workload and r.method in candidates]
         if not ours:
             continue
-        thresholds = Thresholds(**(read.thresholds or {}))
+        thresholds = Thresholds.of(read.thresholds)
         judged = [(r, failures(r, thresholds)) for r in ours]
         passing = [r for r, why in judged if not why]
         pair = f"{family}/{read.workload}"
@@ -202,8 +227,8 @@ def _confirmable(document: dict, family: str, run: dict) -> list[tuple[dict, Sup
     for raw in document.get("entries", []):
         entry = _read(raw)
         if (entry is None or entry.pair != (run["engine"], family, entry.workload)
-                or not entry.passed_methods()):
-            continue
+                or entry.design != DESIGN or not entry.passed_methods()):
+            continue  # an entry of an earlier design is re-earned, never confirmed
         covered = _covers(run, entry.workload)
         if covered is None or entry.model not in {m.fingerprint for m in covered.models}:
             continue  # measured on another model: these rows say nothing of it

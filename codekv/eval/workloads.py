@@ -174,26 +174,30 @@ def _overlaps(a: Chunk, b: Chunk | None) -> bool:
 
 
 def code_qa(index, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
-            max_query_tokens: int = 256, definition_share: float = 0.3,
+            max_query_tokens: int = 256, shares: tuple[float, float] = (0.7, 0.15),
             languages: tuple[str, ...] | None = None) -> list[Task]:
     """``n`` tasks from the functions of ``languages`` (default: every language the index
-    has); each task is written in its function's language and records it (``language``)."""
+    has); each task is written in its function's language and records it (``language``).
+    ``shares``: of recall and definition tasks (the rest are cross-chunk completions)."""
     rng = random.Random(f"code-qa:{seed}")
     source = CodeSource(index, count, languages)
     functions = [c for c in source.chunks if c.kind in FUNCTION_KINDS and c.part == 0]
-    completions = [c for c in functions if source.uses(c)]
-    definitions = [c for c in functions if any(a.kind in ("return", "call") for a in c.anchors)]
-    rng.shuffle(completions)
-    rng.shuffle(definitions)
+    kinds = {_recall_task: list(functions),
+             _definition_task: [c for c in functions
+                                if any(a.kind in ("return", "call") for a in c.anchors)],
+             _completion_task: [c for c in functions if source.uses(c)]}
+    for pool in kinds.values():
+        rng.shuffle(pool)
     tasks: list[Task] = []
     used: set[str] = set()
-    while len(tasks) < n and (completions or definitions):
-        want_definition = rng.random() < definition_share
-        pool = definitions if (want_definition and definitions) or not completions else completions
-        chunk = pool.pop()
+    while len(tasks) < n and any(kinds.values()):
+        draw = rng.random()
+        want = (_recall_task if draw < shares[0] else _definition_task
+                if draw < shares[0] + shares[1] else _completion_task)
+        build = want if kinds[want] else next(b for b, pool in kinds.items() if pool)
+        chunk = kinds[build].pop()
         if chunk.id in used:
             continue
-        build = _definition_task if pool is definitions else _completion_task
         task = build(source, chunk, context_tokens, max_query_tokens, rng)
         if task is not None:
             used.add(chunk.id)
@@ -242,7 +246,11 @@ def _completion_task(source: CodeSource, chunk: Chunk, context_tokens: int,
         prefix = data[first_line:start].decode("utf-8", "replace")
         if use.name in prefix:
             continue  # seen before in the function: the query would give the answer away
-        query = f"{written.line_comment(chunk.path)}\n{prefix}"
+        # The query stops before the line's newline and the answer starts with it: a
+        # tokenizer reads a newline and the indentation after it as one token, so a query
+        # ending in a bare newline is a boundary the model never saw (it starts a new file).
+        query = f"{written.line_comment(chunk.path)}\n{prefix}".removesuffix("\n")
+        query = query.removesuffix("\r")
         if source.count(query) > max_query_tokens:
             return None  # later uses only make the query longer
         if source.tokens(target) > context_tokens // 2:
@@ -250,11 +258,42 @@ def _completion_task(source: CodeSource, chunk: Chunk, context_tokens: int,
         related = _related(source, chunk, {target.id, chunk.id}, 2, context_tokens, rng)
         context = source.fill([target, *related], chunk, length(context_tokens, rng), rng,
                               chunk.language)
-        return Task("code-qa", "", "completion", context, query, line, item_name(chunk),
+        return Task("code-qa", "", "completion", context, query, "\n" + line, item_name(chunk),
                     {"definition": item_name(target), "name": use.name})
     return None
 
 
+def _recall_task(source: CodeSource, chunk: Chunk, context_tokens: int,
+                 max_query_tokens: int, rng: random.Random) -> Task | None:
+    """A line of a function that is in the context, asked for by the lines before it: a
+    RepoQA-style lookup whose answer the context holds verbatim, so a model that reads its
+    context (full prefill's, or a composed one) gets it right."""
+    if source.tokens(chunk) > context_tokens // 2:
+        return None
+    data = source.data(chunk.path)
+    written = syntax(chunk)
+    start = data.rfind(b"\n", 0, chunk.start_byte) + 1
+    lines = [line.removesuffix("\r") for line in
+             data[start:chunk.end_byte].decode("utf-8", "replace").split("\n")]
+    picks = [j for j in range(2, len(lines))
+             if 8 <= len(lines[j].strip()) <= 100 and lines.count(lines[j]) == 1
+             and not lines[j].strip().startswith(written.skipped_lines)]
+    if not picks:
+        return None
+    j = picks[rng.randrange(len(picks))]
+    # As in a completion, the query stops before the line's newline and the answer starts
+    # with it.
+    query = written.line_comment(chunk.path) + "\n" + "\n".join(lines[max(0, j - RECALL_LINES):j])
+    if source.count(query) > max_query_tokens:
+        return None
+    related = _related(source, chunk, {chunk.id}, 2, context_tokens, rng)
+    context = source.fill([chunk, *related], None, length(context_tokens, rng), rng,
+                          chunk.language)
+    return Task("code-qa", "", "recall", context, query, "\n" + lines[j], item_name(chunk),
+                {"definition": item_name(chunk)})
+
+
+RECALL_LINES = 4  # lines of the function before the one asked for: a cue, not the whole body
 _CALLEE = re.compile(r"^[A-Za-z_]\w*(?:(?:\.|::)[A-Za-z_]\w*)*$")
 
 

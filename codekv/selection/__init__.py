@@ -19,6 +19,7 @@ from codekv.selection.simple import (
     BoundarySelection,
     NoneNoRopeSelection,
     NoneSelection,
+    RandomSelection,
 )
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -34,6 +35,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
         QueryCostSelection,
         QueryAnchorSelection,
         AllSelection,
+        RandomSelection,
     )
 }
 

@@ -62,6 +62,7 @@ class Strategy:
     needs_relevance: bool = False  # reads ``context.relevance``, likewise
     ratio_free: bool = False  # recomputes nothing whatever the ratio
     recomputes_all: bool = False  # full prefill's result at a higher cost: the exactness check
+    control: bool = False  # a negative control of the gate's calibration: never licensed
 
     def select(self, context: SelectionContext) -> list[int]:
         raise NotImplementedError

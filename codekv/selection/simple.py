@@ -1,7 +1,8 @@
-"""The baselines: recompute nothing, everything, or chunk boundaries."""
+"""The baselines: recompute nothing, everything, chunk boundaries, or a random share."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from codekv.selection.base import SelectionContext, Strategy, boundary_positions, take
@@ -54,3 +55,17 @@ class BoundarySelection(Strategy):
             return []
         per_chunk = min(self.max_per_chunk, max(1, context.budget // len(following)))
         return sorted(take(boundary_positions(context, per_chunk), context.budget))
+
+
+@dataclass
+class RandomSelection(Strategy):
+    """A random share of the reused positions, seeded by the request's shape: the gate's
+    negative control (a rule that spends the budget on nothing in particular must fail)."""
+
+    name = "random"
+    control = True
+
+    def select(self, context: SelectionContext) -> list[int]:
+        positions = range(context.prefix_length, context.n_context)
+        rng = random.Random(f"random:{context.n_context}:{context.prefix_length}")
+        return sorted(rng.sample(positions, min(context.budget, len(positions))))
