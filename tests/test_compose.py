@@ -114,7 +114,7 @@ def test_every_strategy_runs_within_its_budget(tiny_backend, tmp_path, strategy)
         assert report.recomputed_tokens <= round(0.2 * chunk_tokens)
     if strategy in ("none", "none-norope"):
         assert report.recomputed_tokens == 0
-    if strategy in ("boundary", "deviation", "hybrid"):
+    if strategy in ("boundary", "deviation", "hybrid", "random"):
         assert report.recomputed_tokens > 0
     assert len(result.token_ids) == report.total_tokens
     assert result.next_token_logits().shape == (320,)
@@ -400,6 +400,15 @@ def test_selection_never_spends_budget_on_the_first_chunk_without_prefix():
     for name in ("anchors", "boundary"):
         chosen = make_strategy(name).select(context)
         assert chosen and min(chosen) >= 20, name
+
+
+def test_the_random_control_spends_its_whole_budget_the_same_way_each_time():
+    """The gate's negative control: a random share, the same for the same request's shape (a
+    rerun measures the same rule), another for another shape."""
+    chosen = make_strategy("random").select(selection_context(7, prefix=3))
+    assert len(chosen) == 7 and chosen == make_strategy("random").select(
+        selection_context(7, prefix=3))
+    assert chosen != make_strategy("random").select(selection_context(7, prefix=4))
 
 
 def test_selection_stays_in_budget_and_out_of_the_prefix():

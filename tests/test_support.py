@@ -69,7 +69,9 @@ def test_an_entry_records_the_design_it_was_judged_under_and_only_that_design_li
     [entry] = document["entries"]
     assert entry["design"] == DESIGN and entry["thresholds"]["min_tasks"] == 200
     confirm_entries(document, [fake_row("query@0.15")], "llama", HELD_OUT)
-    assert SupportGate(document["entries"], "t").verdict("llama", "code-qa").allowed
+    gate = SupportGate(document["entries"], "t")
+    assert gate.verdict("llama", "code-qa").allowed
+    assert gate.pairs()[0]["design"] == DESIGN  # what `codekv support --json` shows
     for earlier in (None, "first"):  # before designs were named, or another one
         old = {**entry, "design": earlier} if earlier else {
             k: v for k, v in entry.items() if k != "design"}

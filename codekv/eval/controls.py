@@ -13,7 +13,8 @@ probability for a rule like the measured one at that task count. The controls:
 - negative: ``none`` (nothing recomputed) and ``random`` (a random share recomputed), which
   measurably lose quality at 2K and beyond and must fail.
 
-``python -m codekv.eval.controls results.json`` prints the table for an ``eval --json`` file.
+``python -m codekv.eval.controls results.json`` prints the table for an ``eval --json`` file
+(``--checkpoint FILE``: for an unfinished run's tasks so far).
 """
 
 from __future__ import annotations
@@ -158,15 +159,23 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", help="an `codekv eval --json` file")
+    parser.add_argument("results", nargs="?", help="a `codekv eval --json` file")
+    parser.add_argument("--checkpoint", help="or an unfinished run's checkpoint (its tasks so far)")
     parser.add_argument("--tasks", type=int, default=Thresholds().min_tasks,
                         help="the task count to judge at [the design's min_tasks]")
     parser.add_argument("--draws", type=int, default=DRAWS)
     parser.add_argument("--centre", default="",
                         help="methods whose ΔNLL to also judge centred on zero, comma-separated")
     args = parser.parse_args(argv)
-    with open(args.results) as handle:
-        data = json.load(handle)
+    if (args.results is None) == (args.checkpoint is None):
+        parser.error("name a results file or --checkpoint, one of them")
+    if args.checkpoint:
+        from codekv.eval.markdown import from_checkpoint
+
+        data = from_checkpoint(args.checkpoint)
+    else:
+        with open(args.results) as handle:
+            data = json.load(handle)
     measures = [Measure.from_json(m) for m in data["measures"]]
     centre = tuple(name for name in args.centre.split(",") if name)
     print(f"Pass probability at {args.tasks} tasks, {args.draws} draws each\n")
