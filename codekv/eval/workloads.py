@@ -1,12 +1,14 @@
 """Evaluation workloads, generated reproducibly from a seed out of material no one here wrote.
 
 - ``code-qa``: from a git repository (default: the standard library), in every language the
-  index parses (``languages`` narrows it). Cross-chunk completion: a function using a name
-  defined in another chunk (from the def-use graph); the context holds the defining chunk,
-  related chunks and distractors of the function's language in random order; the query is the
-  function up to the line using the name (the name not yet seen in it); the answer is that
-  line. Plus definition questions answered by exact strings of the code: what a function
-  returns, which call comes first in it. Each task is written in its language's line comments
+  index parses (``languages`` narrows it). Mostly recall: a line of a function that is in
+  the context, asked for by the lines before it (a lookup the model can do). Then cross-chunk
+  completion: a function using a name defined in another chunk (from the def-use graph); the
+  context holds the defining chunk, related chunks and distractors of the function's language
+  in random order; the query is the function up to the line using the name (the name not yet
+  seen in it); the answer is that line, from its newline on (where a tokenizer cuts). And
+  definition questions answered by exact strings of the code: what a function returns, which
+  call comes first in it. Each task is written in its language's line comments
   and names (``LanguageSpec.tasks``: ``// Question: ... Counter::get()``) and records its
   ``language``.
 - ``rag``: the Python documentation's topic pages (``pydoc_data.topics``) cut into passages;
