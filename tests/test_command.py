@@ -43,7 +43,7 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
 
     document = evidence_document([fake_row("query@0.15"), fake_row("hybrid@0.15", workload="rag")])
     check = command.check_held_out
-    fresh = dict(tasks=100, strategies=("query@0.15", "hybrid@0.15"))
+    fresh = dict(tasks=200, strategies=("query@0.15", "hybrid@0.15"))
     check(document, EvalConfig(workloads=("code-qa",), repos=("package:click",), **fresh))
     check(document, EvalConfig(workloads=("rag",), seed=1, **fresh))
     refusals = {
@@ -51,10 +51,10 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
             EvalConfig(workloads=("code-qa",), repos=("package:click", "stdlib"), **fresh),
         "rag: its evidence was drawn with seed 0; held-out tasks need another --seed":
             EvalConfig(workloads=("rag",), **fresh),
-        "its thresholds need 100 held-out tasks; --tasks is 12":
+        "its thresholds need 200 held-out tasks; --tasks is 12":
             EvalConfig(workloads=("rag",), seed=1, tasks=12, strategies=("hybrid@0.15",)),
         "none of --strategies passed its evidence run; candidates: query@0.15":
-            EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+            EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=200,
                        strategies=("query@0.25",)),
         "nothing to confirm: no entry for tool-docs on transformers passed":
             EvalConfig(workloads=("tool-docs",), seed=1, **fresh),
@@ -69,7 +69,7 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
     path = tmp_path / "support.json"
     write_json(path, document)
     written = path.read_text()
-    result = CliRunner().invoke(main, ["eval", "--workload", "code-qa", "--tasks", "100",
+    result = CliRunner().invoke(main, ["eval", "--workload", "code-qa", "--tasks", "200",
                                        "--strategies", "query@0.15", "--confirm-gate", str(path)])
     assert result.exit_code != 0 and "held-out tasks come from other repositories" in result.output
     both = CliRunner().invoke(main, ["eval", "--quick", "--confirm-gate", str(path),
@@ -101,7 +101,7 @@ def test_confirm_gate_writes_the_held_out_verdict_into_the_support_file(tmp_path
 
     path = tmp_path / "support.json"
     write_json(path, evidence_document([fake_row("query@0.15")]))
-    config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+    config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=200,
                         strategies=("query@0.15",))
     result = held_out_result(git_repo, "m1", machine={"cpus": 2}, resumed_tasks=40)
     lines = command.confirm(path, result, config, "codekv eval --repo package:click ...")
@@ -178,7 +178,7 @@ def test_confirm_gate_confirms_each_engines_entry_on_its_own_model(tmp_path, git
     ours = evidence_document([fake_row("query@0.15")])
     write_json(path, support_document(ours["entries"], EVIDENCE, ours["model"], {}, llama_cpp))
     assert read_support_document(path)["model"]["fingerprint"] == "m1"
-    config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=100,
+    config = EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=200,
                         strategies=("query@0.15",), backend="llama.cpp")
     result = held_out_result(git_repo, "g1")
     lines = command.confirm(path, result, config, "codekv eval --backend llama.cpp ...")

@@ -572,16 +572,18 @@ def default_model_server(tmp_path_factory, *args: str) -> ServeProcess:
     return ServeProcess(list(args), tmp_path_factory.mktemp("serve-model")).wait()
 
 
+# The shipped file licenses nothing until its entries are re-earned under the calibrated
+# design (docs/results.md): the default model composes with --experimental.
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory, model_cache):
-    server = default_model_server(tmp_path_factory)
+    server = default_model_server(tmp_path_factory, "--experimental")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def model_exact_server(tmp_path_factory, model_cache):
-    server = default_model_server(tmp_path_factory, "--strategy", "all",
+    server = default_model_server(tmp_path_factory, "--experimental", "--strategy", "all",
                                   "--prefix-cache-mb", "0")
     yield server
     server.stop()

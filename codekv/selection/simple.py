@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 from codekv.selection.base import SelectionContext, Strategy, boundary_positions, take
@@ -66,6 +65,8 @@ class RandomSelection(Strategy):
     control = True
 
     def select(self, context: SelectionContext) -> list[int]:
+        import random  # here: the registry's importers stay light (tests/test_imports.py)
+
         positions = range(context.prefix_length, context.n_context)
         rng = random.Random(f"random:{context.n_context}:{context.prefix_length}")
         return sorted(rng.sample(positions, min(context.budget, len(positions))))
