@@ -34,6 +34,7 @@ from codekv.backends.engines import TRANSFORMERS
 from codekv.eval.methods import PARTIAL_STRATEGIES, composition_methods, split_entry
 from codekv.eval.support import Thresholds
 from codekv.schema import WORKLOADS
+from codekv.support_schema import RUN_TASKS
 
 # Beside the rules that passed for the default model: the cheapest re-positioning rule and
 # the one that recomputes nothing, so the grid always has a cheap candidate and a floor.
@@ -57,7 +58,7 @@ class QualifyOptions:
     engine: str = TRANSFORMERS
     workloads: tuple[str, ...] = ("code-qa",)
     languages: tuple[str, ...] | None = None  # code-qa's languages; None: all the code has
-    tasks: int = 100
+    tasks: int = RUN_TASKS
     context_tokens: int = 2048
     strategies: tuple[str, ...] | None = None  # None: ``default_grid``
     seed: int = 0  # the evidence's; the held-out run's is the next one

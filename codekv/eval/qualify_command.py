@@ -17,7 +17,7 @@ from codekv.backends.engines import ENGINES, TRANSFORMERS
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.grammars import LANGUAGES
 from codekv.schema import WORKLOADS
-from codekv.support_schema import MIN_TASKS
+from codekv.support_schema import MIN_TASKS, RUN_TASKS
 
 CHECKPOINTED = "(from the checkpoint)"  # how the runner names a task read back from one
 
@@ -170,7 +170,7 @@ def qualify_argv(options) -> str:
 @click.option("--language", "languages", multiple=True, type=click.Choice(sorted(LANGUAGES)),
               help="Draw code-qa tasks from this language's code only, repeatable; the entry "
                    "covers these languages [every language the repositories have].")
-@click.option("--tasks", type=click.IntRange(min=1), default=100, show_default=True,
+@click.option("--tasks", type=click.IntRange(min=1), default=RUN_TASKS, show_default=True,
               help="Tasks per workload, in the evidence run and in the held-out run each.")
 @click.option("--context-tokens", type=click.IntRange(min=MIN_CONTEXT_TOKENS), default=2048,
               show_default=True,
