@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from codekv.eval.measures import Measure
 from codekv.eval.stats import bootstrap_ci, wilson_ci
-from codekv.eval.support import Thresholds
+from codekv.eval.support import CRITERIA, Thresholds
 
 DRAWS = 1000
 SAMPLES = 1000  # bootstrap resamples per draw's interval (the gate's own use 4,000)
@@ -70,33 +69,25 @@ class Cell:
                     self.solved[rows], self.decisive_agreement[rows], self.speedup[rows])
 
 
-def delta_nll_passes(cell: Cell, t: Thresholds, seed: int) -> bool:
-    interval = bootstrap_ci(cell.delta_nll, samples=SAMPLES, seed=seed)
-    return interval is not None and interval[1] <= t.max_delta_nll_high
+@dataclass(frozen=True)
+class Summary:
+    """A resampled cell as the design's criteria read a result row."""
 
+    delta_nll_ci: tuple[float, float] | None
+    solved: int
+    retention_ci: tuple[float, float] | None
+    decisive_agreement: float | None
+    speedup: float | None
 
-def retention_passes(cell: Cell, t: Thresholds, seed: int) -> bool:
-    kept = cell.solved[cell.solved_by_full]
-    interval = wilson_ci(int(kept.sum()), len(kept))
-    return len(kept) >= t.min_solved and interval is not None and interval[0] >= t.min_retention_low
-
-
-def decisive_passes(cell: Cell, t: Thresholds, seed: int) -> bool:
-    values = cell.decisive_agreement[~np.isnan(cell.decisive_agreement)]
-    return len(values) > 0 and values.mean() >= t.min_decisive_agreement
-
-
-def speedup_passes(cell: Cell, t: Thresholds, seed: int) -> bool:
-    values = cell.speedup[~np.isnan(cell.speedup)]
-    return len(values) > 0 and float(np.median(values)) >= t.min_speedup
-
-
-CRITERIA: dict[str, Callable[[Cell, Thresholds, int], bool]] = {
-    "delta_nll": delta_nll_passes,
-    "retention": retention_passes,
-    "decisive_agreement": decisive_passes,
-    "speedup": speedup_passes,
-}
+    @classmethod
+    def of(cls, cell: Cell, seed: int) -> Summary:
+        kept = cell.solved[cell.solved_by_full]
+        decisive = cell.decisive_agreement[~np.isnan(cell.decisive_agreement)]
+        speedup = cell.speedup[~np.isnan(cell.speedup)]
+        return cls(bootstrap_ci(cell.delta_nll, samples=SAMPLES, seed=seed), len(kept),
+                   wilson_ci(int(kept.sum()), len(kept)),
+                   float(decisive.mean()) if len(decisive) else None,
+                   float(np.median(speedup)) if len(speedup) else None)
 
 
 def pass_probability(cell: Cell, tasks: int, thresholds: Thresholds = DESIGNED,
@@ -106,8 +97,8 @@ def pass_probability(cell: Cell, tasks: int, thresholds: Thresholds = DESIGNED,
     rng = np.random.default_rng(seed)
     passed = {name: 0 for name in (*CRITERIA, "all")}
     for draw in range(draws):
-        sample = cell.take(rng.integers(0, len(cell.delta_nll), size=tasks))
-        results = [check(sample, thresholds, draw) for check in CRITERIA.values()]
+        sample = Summary.of(cell.take(rng.integers(0, len(cell.delta_nll), size=tasks)), draw)
+        results = [check(sample, thresholds) is None for check in CRITERIA.values()]
         for name, ok in zip(CRITERIA, results, strict=True):
             passed[name] += ok
         passed["all"] += all(results)
@@ -161,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", help="a `codekv eval --json` file")
     parser.add_argument("--checkpoint", help="or an unfinished run's checkpoint (its tasks so far)")
-    parser.add_argument("--tasks", type=int, default=Thresholds().min_tasks,
+    parser.add_argument("--tasks", type=int, default=DESIGNED.min_tasks,
                         help="the task count to judge at [the design's min_tasks]")
     parser.add_argument("--draws", type=int, default=DRAWS)
     parser.add_argument("--centre", default="",

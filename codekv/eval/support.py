@@ -78,6 +78,43 @@ def _low(interval) -> float:
     return interval[0] if interval else -math.inf
 
 
+def _delta_nll(row, t: Thresholds) -> str | None:
+    if _high(row.delta_nll_ci) > t.max_delta_nll_high:
+        return f"delta NLL CI high {_high(row.delta_nll_ci):.3f} > {t.max_delta_nll_high}"
+    return None
+
+
+def _retention(row, t: Thresholds) -> str | None:
+    solved = row.solved or 0
+    if solved < t.min_solved:
+        return f"full prefill solves {solved} tasks (need {t.min_solved})"
+    if solved and _low(row.retention_ci) < t.min_retention_low:
+        return f"retention CI low {_low(row.retention_ci):.3f} < {t.min_retention_low}"
+    return None
+
+
+def _decisive_agreement(row, t: Thresholds) -> str | None:
+    decisive = row.decisive_agreement
+    if decisive is None or decisive < t.min_decisive_agreement:
+        shown = "n/a" if decisive is None else f"{decisive:.3f}"
+        return f"decisive agreement {shown} < {t.min_decisive_agreement}"
+    return None
+
+
+def _speedup(row, t: Thresholds) -> str | None:
+    if row.speedup is None or row.speedup < t.min_speedup:
+        speedup = "n/a" if row.speedup is None else f"{row.speedup:.2f}x"
+        return f"speedup {speedup} < {t.min_speedup}x"
+    return None
+
+
+# The design's quality and speed criteria, each judging anything with a result row's
+# ``delta_nll_ci``, ``solved``, ``retention_ci``, ``decisive_agreement`` and ``speedup``: why it
+# fails, or None. ``codekv.eval.controls`` judges resampled cells with the same ones.
+CRITERIA = {"delta_nll": _delta_nll, "retention": _retention,
+            "decisive_agreement": _decisive_agreement, "speedup": _speedup}
+
+
 def failures(row: ResultRow, thresholds: Thresholds) -> list[str]:
     """Why a result row does not meet the thresholds (empty when it does)."""
     t = thresholds
@@ -86,22 +123,7 @@ def failures(row: ResultRow, thresholds: Thresholds) -> list[str]:
         out.append(f"only {row.tasks} tasks (need {t.min_tasks})")
     if row.fallbacks:
         out.append(f"{row.fallbacks} requests fell back to full prefill")
-    if _high(row.delta_nll_ci) > t.max_delta_nll_high:
-        out.append(f"delta NLL CI high {_high(row.delta_nll_ci):.3f} > "
-                   f"{t.max_delta_nll_high}")
-    solved = row.solved or 0
-    if solved < t.min_solved:
-        out.append(f"full prefill solves {solved} tasks (need {t.min_solved})")
-    elif solved and _low(row.retention_ci) < t.min_retention_low:
-        out.append(f"retention CI low {_low(row.retention_ci):.3f} < {t.min_retention_low}")
-    decisive = row.decisive_agreement
-    if decisive is None or decisive < t.min_decisive_agreement:
-        shown = "n/a" if decisive is None else f"{decisive:.3f}"
-        out.append(f"decisive agreement {shown} < {t.min_decisive_agreement}")
-    if row.speedup is None or row.speedup < t.min_speedup:
-        speedup = "n/a" if row.speedup is None else f"{row.speedup:.2f}x"
-        out.append(f"speedup {speedup} < {t.min_speedup}x")
-    return out
+    return out + [why for check in CRITERIA.values() if (why := check(row, t))]
 
 
 def gate_entries(rows: list[ResultRow], family: str, thresholds: Thresholds = Thresholds(),
