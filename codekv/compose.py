@@ -39,7 +39,7 @@ from codekv.request import (
     Request,
     RequestPiece,
 )
-from codekv.schema import ChunkKind, workload_of
+from codekv.schema import STORE, ChunkKind, workload_of
 from codekv.selection import Segment, SelectionContext, Strategy, TokenAnchor
 from codekv.selection import strategy as make_strategy
 from codekv.stores import default_kv_store, default_scope, open_kv_store
@@ -545,11 +545,12 @@ def compose_state(backend: Backend, context_ids: list[int], parts: list, segment
 
 
 def licence(gate: SupportGate, info: ModelInfo, kind: ChunkKind, languages: frozenset[str],
-            context_tokens: int) -> Verdict:
+            context_tokens: int, source: str = STORE) -> Verdict:
     """The gate's verdict on composing chunks of ``kind`` (of ``languages``, in a context of
-    ``context_tokens``) for this model on its engine: by the evidence of their workload."""
+    ``context_tokens``) whose KV came from ``source``, for this model on its engine: by the
+    evidence of the workload that measured them."""
     asked = GateRequest(info.fingerprint, languages, context_tokens)
-    return gate.verdict(info.family, workload_of(kind), info.engine, asked)
+    return gate.verdict(info.family, workload_of(kind, source), info.engine, asked)
 
 
 def supported_rule(backend: Backend, verdicts: list[Verdict]) -> tuple[str, float, str | None]:

@@ -36,7 +36,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from codekv.backends.engines import ENGINES, TRANSFORMERS  # TRANSFORMERS: none named
 from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.grammars import LANGUAGES
-from codekv.schema import GATE_STRATEGIES, WORKLOADS, ChunkKind, rule_label, workload_of
+from codekv.schema import GATE_STRATEGIES, WORKLOADS, rule_label
 from codekv.selection import STRATEGIES as SELECTION
 from codekv.support_schema import (
     DESIGN,
@@ -54,8 +54,8 @@ from codekv.support_schema import (
 
 SUPPORT_ENV = "CODEKV_SUPPORT"
 SHIPPED = "codekv/data/support.json"
-# The workload whose tasks are code chunks: its entries name their languages.
-CODE_WORKLOAD = workload_of(ChunkKind.CODE)
+# The workloads whose tasks are code of a language each: their entries name their languages.
+CODE_WORKLOADS = tuple(name for name, workload in WORKLOADS.items() if workload.by_language)
 # What a code chunk's language can be: a grammar's name, or "text" (a file no grammar parses).
 CHUNK_LANGUAGES = (*LANGUAGES, "text")
 # What the schema's registry names may be: the gate's registries.
@@ -623,12 +623,12 @@ def _languages_problems(entry: SupportEntry) -> list[tuple[str, str]]:
         if covers is None:
             continue
         languages = covers.languages
-        if entry.workload == CODE_WORKLOAD and not (
+        if entry.workload in CODE_WORKLOADS and not (
                 languages and all(language in CHUNK_LANGUAGES for language in languages)):
             problems.append((key, f"{key}.languages {shown(languages)} is not a list of the "
                                   "languages of its code tasks (" + ", ".join(CHUNK_LANGUAGES)
                              + ")"))
-        elif entry.workload != CODE_WORKLOAD and languages is not None:
+        elif entry.workload not in CODE_WORKLOADS and languages is not None:
             problems.append((key, f"{key}.languages {shown(languages)}: {entry.workload} "
                                   "tasks hold no code"))
     return problems

@@ -25,6 +25,11 @@ class ChunkKind(StrEnum):
 
 
 OTHER_REPOS, OTHER_SEED = "repos", "seed"  # where held-out tasks are drawn from
+# Where a reused segment's KV came from: the chunk store (computed alone, after what its key
+# says) or the scope's last prompt (computed there, among nearly the same neighbours). The gate
+# rules on each by the evidence of the workload that measured that source.
+STORE, LAST_PROMPT = "store", "last-prompt"
+SOURCES = (LAST_PROMPT, STORE)
 # What a request may be composed with, so what the gate may license: a rule that recomputes a
 # share (not one that recomputes everything: that is full prefill at a higher cost) and
 # re-positions (not the baseline that skips it: it only shows the damage), and not a control.
@@ -47,6 +52,13 @@ class Workload:
     by_language: bool = False
     # Where held-out tasks come from: other repositories (OTHER_REPOS) or another seed.
     held_out_by: str = OTHER_SEED
+    # Where the KV its methods reuse comes from (STORE or LAST_PROMPT): a workload of the last
+    # prompt licenses segments of every kind taken from there, and ``chunk_kind`` is what most
+    # of them are.
+    source: str = STORE
+    # Run when ``codekv eval`` is given no ``--workload`` (off for a workload whose tasks need
+    # long contexts and take much longer).
+    by_default: bool = True
 
     def generate(self, n: int, seed: int, context_tokens: int, count, index=None,
                  max_query_tokens: int = 256, languages: tuple[str, ...] | None = None) -> list:
@@ -64,6 +76,9 @@ WORKLOADS: dict[str, Workload] = {}
 
 
 def register(workload: Workload) -> Workload:
+    if workload.source not in SOURCES:
+        raise ValueError(f"{workload.name}: source must be one of {', '.join(SOURCES)}, not "
+                         f"{workload.source!r}")
     if workload.held_out_by not in (OTHER_REPOS, OTHER_SEED):
         raise ValueError(f"{workload.name}: held_out_by must be {OTHER_REPOS!r} or "
                          f"{OTHER_SEED!r}, not {workload.held_out_by!r}")
@@ -71,12 +86,19 @@ def register(workload: Workload) -> Workload:
     return workload
 
 
-def workload_of(chunk_kind: str) -> str:
-    """The workload whose evidence covers chunks of ``chunk_kind``."""
+def default_workloads() -> tuple[str, ...]:
+    """The workloads ``codekv eval`` runs unless told which."""
+    return tuple(name for name, workload in WORKLOADS.items() if workload.by_default)
+
+
+def workload_of(chunk_kind: str, source: str = STORE) -> str:
+    """The workload whose evidence covers chunks of ``chunk_kind`` whose KV came from
+    ``source``."""
     for workload in WORKLOADS.values():
-        if workload.chunk_kind == chunk_kind:
+        if workload.source == source and (source == LAST_PROMPT
+                                          or workload.chunk_kind == chunk_kind):
             return workload.name
-    raise KeyError(f"no workload covers {chunk_kind!r} chunks")
+    raise KeyError(f"no workload covers {chunk_kind!r} chunks from the {source}")
 
 
 def rule_name(strategy: str, conditioning: str = DEFAULT_CONDITIONING) -> str:
@@ -95,3 +117,6 @@ register(Workload("code-qa", "codekv.eval.workloads:code_qa_tasks", ChunkKind.CO
                   needs_index=True, held_out_by=OTHER_REPOS, by_language=True))
 register(Workload("rag", "codekv.eval.workloads:rag_tasks", ChunkKind.PASSAGE))
 register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", ChunkKind.TOOL_DOC))
+register(Workload("agent-session", "codekv.eval.sessions:agent_session_tasks", ChunkKind.CODE,
+                  needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
+                  source=LAST_PROMPT, by_default=False))

@@ -215,3 +215,33 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
     while engine.busy:
         threading.Event().wait(0.01)
     assert [e for e in timeline if e != "Partial"] == ["Prefilled", "Final", "computed alone"]
+
+
+@pytest.mark.parametrize("licensed, from_last, from_store", [
+    ("agent-session", 2, 0),  # the last prompt's class: its segments, and nothing stored
+    ("rag", 0, 2),  # the store's class of passages: the same segments, from the store
+])
+def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path, licensed,
+                                                          from_last, from_store):
+    from fixtures.evidence import covering
+
+    from codekv.gate import SupportGate
+    from codekv.serve.engine import Engine
+    from codekv.stores.local import LocalKVStore
+
+    backend = tiny_backend()
+    gate = SupportGate([covering({"family": "llama", "workload": licensed, "passed": True,
+                                  "strategy": "boundary", "ratio": 0.15,
+                                  "held_out": {"passed": True}}, backend.info.fingerprint,
+                                 languages=("python",))], "test")
+    engine = Engine(backend, LocalKVStore(tmp_path / "kv"), gate, min_segment_tokens=8)
+    try:
+        first = served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
+        assert first.status == "full-prefill"
+        assert first.segments_stored == (0 if licensed == "agent-session" else 3)
+        outcome = served(engine, "agent", (SYSTEM, TURN, NOTE, FILE, QUESTION))
+        assert outcome.status == "composed" and outcome.strategy == "boundary"
+        assert outcome.segments_from_last_prompt == from_last
+        assert outcome.segments_reused - outcome.segments_from_last_prompt == from_store
+    finally:
+        engine.close()

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from codekv.backends.engines import TRANSFORMERS
 from codekv.chunks import Chunk
 from codekv.eval.measures import ResultRow
-from codekv.gate import CODE_WORKLOAD, UnreadableSupportFile, read_entry, read_support_text
+from codekv.gate import CODE_WORKLOADS, UnreadableSupportFile, read_entry, read_support_text
 from codekv.schema import GATE_STRATEGIES
 from codekv.support_schema import (
     DESIGN,
@@ -277,7 +277,7 @@ def _covers(run: dict, workload: str) -> Covers | None:
 
 def coverage(measures, tasks, model: dict) -> dict[str, dict]:
     """What each workload's composed tasks covered, by workload: the model they ran on, the
-    languages of the code chunks in their contexts (code-qa), and the range of their context
+    languages of the code in their contexts (code-qa, agent-session), and the range of their context
     lengths in tokens (prefix and chunks, as the gate counts a request's). An entry licenses
     only this (``codekv.gate``)."""
     lengths: dict[str, list[int]] = {}
@@ -290,7 +290,7 @@ def coverage(measures, tasks, model: dict) -> dict[str, dict]:
                             for language in _task_languages(task)})
         out[workload] = {
             "models": [{"fingerprint": model["fingerprint"], "name": model.get("name")}],
-            "languages": languages if workload == CODE_WORKLOAD else None,
+            "languages": languages if workload in CODE_WORKLOADS else None,
             "context_tokens": {"min": min(counts), "max": max(counts)},
             "source": "measured: the run's composed tasks"}
     return out

@@ -35,8 +35,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from codekv.serve import chat
 from codekv.serve import protocol as wire
+from codekv.serve.chat import chat_prompt
 from codekv.serve.drain import Drain, InFlight
 from codekv.serve.engine import (
     Engine,
@@ -52,7 +52,6 @@ from codekv.serve.engine import (
     internal,
 )
 from codekv.serve.keys import scope_of_key
-from codekv.serve.segments import tool_descriptions
 
 log = logging.getLogger("codekv.serve")
 RETRY_AFTER_S = 2
@@ -137,31 +136,6 @@ async def next_event(events: asyncio.Queue, left: asyncio.Task) -> Event:
         return getter.result()
     getter.cancel()
     raise ClientGone()
-
-
-def chat_prompt(backend, messages: list[dict], tools: list[dict]) -> Prompt:
-    """The prompt as the model's own chat template renders it (with the assistant's turn),
-    its special tokens the template's alone (``codekv.serve.chat``)."""
-    template = backend.chat_template
-    if not template:
-        raise RequestError(400, "the model has no chat template: use /v1/completions",
-                           "messages")
-    if tools and "tools" not in template:
-        raise RequestError(400, "the model's chat template cannot render tools: send them in "
-                                "a message instead", "tools")
-    try:
-        rendered = chat.render(backend, messages, tools)
-    except ValueError as error:
-        raise RequestError(400, f"the model's chat template refused the messages: {error}",
-                           "messages") from None
-    text = rendered.text
-    system_end = 0
-    if messages[0]["role"] == "system" and messages[0]["content"]:
-        at = text.find(messages[0]["content"])
-        if at >= 0:
-            system_end = at + len(messages[0]["content"])
-    return Prompt(text, [m["content"] for m in messages], tool_descriptions(tools), system_end,
-                  rendered.markers)
 
 
 # -- the app -----------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ import re
 import weakref
 from dataclasses import dataclass
 
+from codekv.serve.engine import Prompt, RequestError
+from codekv.serve.segments import tool_descriptions
+
 ESCAPE = "\ue000"  # a private use character: never in a template
 CODES = 0xF0000  # the escape's second character: plane 15's private use area, one per marker
 CODED = re.compile(ESCAPE + "([\U000F0000-\U000FFFFD])")
@@ -82,3 +85,27 @@ def render(backend, messages: list[dict], tools: list[dict] | None = None) -> Re
     text.append(markers.unescape(rendered[cursor:]))
     return Rendered("".join(text), spans)
 
+
+def chat_prompt(backend, messages: list[dict], tools: list[dict] | None = None) -> Prompt:
+    """The prompt as the model's own chat template renders it (with the assistant's turn),
+    its special tokens the template's alone (above)."""
+    template = backend.chat_template
+    if not template:
+        raise RequestError(400, "the model has no chat template: use /v1/completions",
+                           "messages")
+    if tools and "tools" not in template:
+        raise RequestError(400, "the model's chat template cannot render tools: send them in "
+                                "a message instead", "tools")
+    try:
+        rendered = render(backend, messages, tools)
+    except ValueError as error:
+        raise RequestError(400, f"the model's chat template refused the messages: {error}",
+                           "messages") from None
+    text = rendered.text
+    system_end = 0
+    if messages[0]["role"] == "system" and messages[0]["content"]:
+        at = text.find(messages[0]["content"])
+        if at >= 0:
+            system_end = at + len(messages[0]["content"])
+    return Prompt(text, [m["content"] for m in messages], tool_descriptions(tools or []),
+                  system_end, rendered.markers)

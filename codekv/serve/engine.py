@@ -1,16 +1,18 @@
-"""The server's request pipeline: one request at a time on the model, in a worker thread.
+"""The server's request pipeline (``Pipeline``), and the worker thread that serves it one
+request at a time (``Engine``).
 
 A request's prompt is rendered (the model's own chat template) and tokenized, then built in
 three parts, each counted apart:
 
 1. the exact prefix: the longest common token prefix with a recent prompt of the same scope
    (``codekv.serve.prefix``), its KV used as it is;
-2. after it, up to the last segment reused: segments whose class the gate licenses (or every
-   class with ``experimental``) and whose KV the scope's last prompt (``codekv.serve.recent``,
-   in place there) or else the chunk store (computed alone) holds are composed (re-positioned,
-   a share of their tokens recomputed by the rule); every other token there (message headers,
-   new or unlicensed segments) is computed in place, against the whole context, exactly as a
-   full prefill would;
+2. after it, up to the last segment reused: segments whose KV the scope's last prompt
+   (``codekv.serve.recent``, computed in place there) or else the chunk store (computed alone)
+   holds are composed (re-positioned, a share of their tokens recomputed by the rule) where the
+   gate licenses their class from that source (or every class with ``experimental``): the
+   last prompt's by the agent-session evidence, the store's by the workload of their kind;
+   every other token there (message headers, new or unlicensed segments) is computed in place,
+   against the whole context, exactly as a full prefill would;
 3. the rest is prefilled after it.
 
 New segments of a licensed class are stored for next time (computed after what their key says)
@@ -41,10 +43,10 @@ from codekv.chunk_cache import ChunkCache
 from codekv.compose import AUTO, DEFAULT_RATIO, compose_state, licence, supported_rule
 from codekv.gate import SupportGate
 from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL, RequestPiece
-from codekv.schema import ChunkKind
+from codekv.schema import LAST_PROMPT, SOURCES, STORE, ChunkKind
 from codekv.selection import Segment as SelectionSegment
 from codekv.selection import strategy as make_strategy
-from codekv.serve import COMPOSE, EXACT_ONLY, REUSE_MODES, SHIFT_ONLY
+from codekv.serve import COMPOSE, REUSE_MODES, SHIFT_ONLY
 from codekv.serve import segments as seg
 from codekv.serve.prompt_cache import prompt_cache
 from codekv.serve.recent import RecentPrompts
@@ -185,16 +187,37 @@ class QueueFull(Exception):
     pass
 
 
-class Engine:
-    """The warm model, the chunk store and the gate, and the one worker that uses them."""
+@dataclass
+class Served:
+    """A prompt's request state as the pipeline built it, and what it leaves for later ones
+    (``Pipeline.done``)."""
+
+    ids: list[int]
+    segments: list[seg.Segment]
+    state: object
+    outcome: Outcome
+    pending: list  # (piece, after, after_kv): segments to store once the reply is out
+
+
+class Pipeline:
+    """The warm model, the chunk store and the gate: how a prompt's request state is built,
+    and what it leaves for the next prompt of its scope. No thread of its own: the server's
+    worker (``Engine``) and the agent-session evaluation (``codekv.eval.serving``) serve
+    prompts through it, so the evidence measures the server's own path.
+
+    ``sources``: where reused segments' KV may come from, the scope's last prompt
+    (``LAST_PROMPT``) or the chunk store (``STORE``); the gate rules on each apart."""
 
     def __init__(self, backend, store, gate: SupportGate, *, experimental: bool = False,
                  strategy: str = AUTO, ratio: float | None = None,
                  min_segment_tokens: int = seg.MIN_TOKENS,
-                 known_code: frozenset[str] = frozenset(), max_queue: int = 16,
-                 prefix_budget_bytes: int | None = None, reuse: str = COMPOSE):
+                 known_code: frozenset[str] = frozenset(),
+                 prefix_budget_bytes: int | None = None, reuse: str = COMPOSE,
+                 sources: tuple[str, ...] = SOURCES):
         if reuse not in REUSE_MODES:
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, not {reuse!r}")
+        if not set(sources) <= set(SOURCES):
+            raise ValueError(f"sources must be of {', '.join(SOURCES)}, not {sources!r}")
         self.backend = backend
         self.store = store
         self.gate = gate
@@ -203,6 +226,7 @@ class Engine:
         self.ratio = ratio
         self.min_segment_tokens = min_segment_tokens
         self.known_code = known_code
+        self.sources = tuple(sources)
         self.split_code = seg.CodeSplitter()
         self.prompts = prompt_cache(backend, prefix_budget_bytes)
         self.prefix = self.prompts.prefix
@@ -213,86 +237,47 @@ class Engine:
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
                       if reuse == SHIFT_ONLY else None)
         self.recent = (RecentPrompts(backend, self.prefix.budget_bytes)
-                       if reuse == COMPOSE and self.prompts.supports_last_prompt else None)
+                       if reuse == COMPOSE and LAST_PROMPT in self.sources
+                       and self.prompts.supports_last_prompt else None)
         self._chunk_caches: dict[str, ChunkCache] = {}
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self.busy = False
-        self.cancelled = 0  # requests whose client left before their reply was done
-        self._worker = threading.Thread(target=self._run, name="codekv-serve-worker",
-                                        daemon=True)
-        self._worker.start()
 
-    # -- the queue -----------------------------------------------------------------------
-    def submit(self, job: Job) -> None:
-        """Queue ``job``; ``QueueFull`` when ``max_queue`` requests already wait."""
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull() from None
-
-    @property
-    def waiting(self) -> int:
-        return self._jobs.qsize()
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._worker.join(timeout=30)
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            if job.cancelled.is_set():  # its client left while it waited
-                self.cancelled += 1
-                continue
-            self.busy = True
-            try:
-                self._serve(job)
-            except RequestError as error:
-                job.emit(Failed(error))
-            except Exception as error:  # the server goes on serving the others
-                log.exception("request failed")
-                job.emit(Failed(internal(error)))
-            finally:
-                self.busy = False
-
-    # -- one request ---------------------------------------------------------------------
-    def _serve(self, job: Job) -> None:
+    def prefill(self, scope: str, prompt: Prompt, chat: bool = True) -> Served:
+        """The request state of ``prompt`` (``RequestError`` for one the model cannot take);
+        ``outcome.ttft_s`` is the time it took."""
         started = time.perf_counter()
         backend = self.backend
-        prompt = job.prompt()
         ids, offsets = backend.tokenize_prompt(prompt.text, prompt.markers)
         limit = backend.info.max_positions
         if not ids:
-            raise RequestError(400, "the prompt is empty", "messages" if job.chat else "prompt")
+            raise RequestError(400, "the prompt is empty", "messages" if chat else "prompt")
         if len(ids) >= limit:
             raise RequestError(400, f"the prompt is {len(ids)} tokens: the model's context is "
                                     f"{limit} (and the reply needs room)",
-                               "messages" if job.chat else "prompt", "context_length_exceeded")
+                               "messages" if chat else "prompt", "context_length_exceeded")
         spans = seg.prompt_spans(prompt.text, prompt.contents, prompt.tool_docs,
                                  self.known_code, self.split_code)
         segments = seg.token_segments(spans, offsets, ids, self.min_segment_tokens)
         system_tokens = sum(1 for _, end in offsets if end <= prompt.system_end)
-        outcome = Outcome(prompt_tokens=len(ids), queue_s=started - job.queued_at)
-        state, pending = self._prefill(job.scope, ids, segments, system_tokens, outcome)
+        outcome = Outcome(prompt_tokens=len(ids))
+        state, pending = self._prefill(scope, ids, segments, system_tokens, outcome)
         outcome.ttft_s = time.perf_counter() - started
         outcome.store_error = self.store.error
-        job.emit(Prefilled(outcome))
-        forced = None if job.continuation is None else backend.tokenize(job.continuation)
-        if forced is not None:
-            outcome.continuation_nll = []
-        finish, count = self._generate(state, job, forced, outcome)
-        job.emit(Final(finish, count))
-        chunks = self._chunks(job.scope)
-        for piece, after, after_kv in pending:  # for next time, once the reply is out
+        return Served(ids, segments, state, outcome, pending)
+
+    def done(self, scope: str, served: Served) -> None:
+        """Once the reply is out: the new segments stored, the prompt kept as the scope's last
+        (its state as the prefill left it: the reply's tokens are not part of it)."""
+        chunks = self._chunks(scope)
+        for piece, after, after_kv in served.pending:
             chunks.kv(piece, after, after_kv=after_kv)
-        if self.recent is not None and not backend.info.unsupported:
+        if self.recent is not None and not self.backend.info.unsupported:
+            ids = served.ids
             # The exact-prefix cache holds the whole prompt when it was exact: no second copy.
-            kept = self.prefix.holding(job.scope, ids)
-            self.recent.remember(job.scope, ids, [(s.start, s.end) for s in segments],
-                                 backend.head(kept, len(ids)) if kept is not None
-                                 else backend.state_kv(state, len(ids)))
+            kept = self.prefix.holding(scope, ids)
+            self.recent.remember(scope, ids, [(s.start, s.end) for s in served.segments],
+                                 self.backend.head(kept, len(ids)) if kept is not None
+                                 else self.backend.state_kv(served.state, len(ids)))
+
 
     def _chunks(self, scope: str) -> ChunkCache:
         """The scope's chunk KV cache: the keys and KV of its prompts' segments."""
@@ -300,11 +285,18 @@ class Engine:
             self._chunk_caches[scope] = ChunkCache(self.backend, self.store, scope)
         return self._chunk_caches[scope]
 
-    def _verdict(self, segment: seg.Segment, prompt_tokens: int):
-        """The gate's verdict on a segment's class, for this model, the segment's language
-        and the prompt's length."""
+    def _verdict(self, segment: seg.Segment, prompt_tokens: int, source: str = STORE):
+        """The gate's verdict on a segment's class whose KV came from ``source``, for this
+        model, the segment's language and the prompt's length."""
         return licence(self.gate, self.backend.info, segment.kind,
-                       frozenset([segment.language] if segment.language else []), prompt_tokens)
+                       frozenset([segment.language] if segment.language else []), prompt_tokens,
+                       source)
+
+    def _allowed(self, segment: seg.Segment, prompt_tokens: int, source: str) -> bool:
+        """Whether the segment's KV may be reused from ``source``: one this pipeline reads,
+        licensed (or ``experimental``)."""
+        return source in self.sources and (
+            self.experimental or self._verdict(segment, prompt_tokens, source).allowed)
 
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
                  system_tokens: int, outcome: Outcome):
@@ -322,18 +314,9 @@ class Engine:
         candidates = [s for s in segments if s.start >= (again.end if again else n)]
         outcome.segments = len(candidates) + (again is not None)
         refusals: dict[str, str] = {}
-        licensed = []
-        for segment in candidates:
-            verdict = self._verdict(segment, len(ids))
-            if verdict.allowed or self.experimental:
-                licensed.append((segment, verdict))
-            else:
-                refusals.setdefault(segment.kind, verdict.reason)
-        if backend.info.unsupported:
+        if backend.info.unsupported and self.reuse == COMPOSE:
             refusals = {"model": f"unsupported: {backend.info.unsupported}"}
-            licensed = []
-        if self.reuse == EXACT_ONLY:
-            refusals, licensed = {}, []
+        reusing = self.reuse == COMPOSE and not backend.info.unsupported
 
         def after(segment: seg.Segment) -> list[int]:
             return ids[:system_tokens] if segment.start >= system_tokens else []
@@ -342,23 +325,39 @@ class Engine:
             return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
                                 None, [], {"kind": segment.kind, "source": "serve"})
 
+        def verdict(segment: seg.Segment, source: str, found: bool = True):
+            return (self._verdict(segment, len(ids), source)
+                    if found and source in self.sources else None)
+
         hits, pending, misses = [], [], []
-        if again is not None:  # experimental: every class is reused
-            hits.append((again, self._verdict(again, len(ids)), None,
+        storing = False  # some segment was looked up in the store
+        if again is not None:
+            hits.append((again, self._verdict(again, len(ids), LAST_PROMPT), None,
                          self.recent.span(scope, again.start, again.end)))
-        for segment, verdict in licensed:
+        for segment in candidates if reusing else []:
             p = piece(segment)
             earlier = self.recent.find(scope, p.ids) if self.recent is not None else None
-            in_store = self.store.contains(chunks.key(p, after(segment)))
-            if earlier is not None or in_store:
-                hits.append((segment, verdict, p, earlier))
-            if not in_store:  # for other scopes' prompts, and this one's beyond its last
+            last = verdict(segment, LAST_PROMPT, earlier is not None)
+            stored = verdict(segment, STORE)
+            from_last = last is not None and (last.allowed or self.experimental)
+            to_store = stored is not None and (stored.allowed or self.experimental)
+            if not (from_last or to_store):
+                if last or stored:
+                    refusals.setdefault(segment.kind, (last or stored).reason)
+                continue
+            storing |= to_store
+            in_store = to_store and self.store.contains(chunks.key(p, after(segment)))
+            if from_last:
+                hits.append((segment, last, p, earlier))
+            elif in_store:
+                hits.append((segment, stored, p, None))
+            if to_store and not in_store:  # for other scopes' prompts, and this one's later
                 pending.append((p, after(segment)))
-                if earlier is None:
+                if not from_last:
                     misses.append((segment, p))
         if not backend.info.unsupported and self.reuse == COMPOSE:
             pending += self._lost_in_prefix(chunks, segments, n, len(ids), piece, after)
-        if licensed and self.store.error:  # its lookups failed: every segment was a miss
+        if storing and self.store.error:  # its lookups failed: every segment was a miss
             refusals["store"] = f"the chunk store failed: {self.store.error}"
         outcome.fallback_reason = "; ".join(sorted(set(refusals.values()))) or None
         state, stored = None, []
@@ -398,16 +397,17 @@ class Engine:
         return state, pending
 
     def _again(self, scope: str, ids: list[int], n: int) -> seg.Segment | None:
-        """With ``experimental``: the prompt's common prefix with the scope's last prompt past
-        the exact prefix ``n``, as one segment reused in place (where that prompt was composed,
-        its KV past its first reused segment is not exact, so the exact-prefix cache does not
-        keep it); None when shorter than a segment's minimum."""
-        if not self.experimental or self.recent is None or self.backend.info.unsupported:
+        """The prompt's common prefix with the scope's last prompt past the exact prefix ``n``,
+        as one segment reused in place (where that prompt was composed, its KV past its first
+        reused segment is not exact, so the exact-prefix cache does not keep it), where the
+        last prompt's class is licensed; None when shorter than a segment's minimum."""
+        if self.recent is None or self.backend.info.unsupported:
             return None
         end = min(self.recent.common(scope, ids), len(ids) - 1)
         if end - n < self.min_segment_tokens:
             return None
-        return seg.Segment(n, end, ChunkKind.PASSAGE, "last-prompt")
+        again = seg.Segment(n, end, ChunkKind.PASSAGE, "last-prompt")
+        return again if self._allowed(again, len(ids), LAST_PROMPT) else None
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it
@@ -422,7 +422,8 @@ class Engine:
         for segment in segments:
             if segment.start < n < segment.end:
                 short = n - segment.start < self.min_segment_tokens
-                licensed = self.experimental or self._verdict(segment, prompt_tokens).allowed
+                licensed = any(self._allowed(segment, prompt_tokens, source)
+                               for source in self.sources)
                 return segment.start if short and licensed else n
         return n
 
@@ -440,8 +441,7 @@ class Engine:
         the store fails (a miss then says nothing, and storing would fail too)."""
         lost = []
         for segment in segments:
-            if segment.start >= n or not (self.experimental
-                                          or self._verdict(segment, prompt_tokens).allowed):
+            if segment.start >= n or not self._allowed(segment, prompt_tokens, STORE):
                 continue
             p = piece(segment)
             if not self.store.contains(chunks.key(p, after(segment))):
@@ -542,6 +542,69 @@ class Engine:
         if end > cursor:
             placeholder(cursor, end)
         return parts
+
+
+class Engine(Pipeline):
+    """The pipeline and the one worker thread that serves its queue."""
+
+    def __init__(self, backend, store, gate: SupportGate, *, max_queue: int = 16, **settings):
+        super().__init__(backend, store, gate, **settings)
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.busy = False
+        self.cancelled = 0  # requests whose client left before their reply was done
+        self._worker = threading.Thread(target=self._run, name="codekv-serve-worker",
+                                        daemon=True)
+        self._worker.start()
+
+    # -- the queue -----------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; ``QueueFull`` when ``max_queue`` requests already wait."""
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull() from None
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._worker.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():  # its client left while it waited
+                self.cancelled += 1
+                continue
+            self.busy = True
+            try:
+                self._serve(job)
+            except RequestError as error:
+                job.emit(Failed(error))
+            except Exception as error:  # the server goes on serving the others
+                log.exception("request failed")
+                job.emit(Failed(internal(error)))
+            finally:
+                self.busy = False
+
+    # -- one request ---------------------------------------------------------------------
+    def _serve(self, job: Job) -> None:
+        started = time.perf_counter()
+        served = self.prefill(job.scope, job.prompt(), job.chat)
+        outcome = served.outcome
+        outcome.queue_s = started - job.queued_at
+        outcome.ttft_s = time.perf_counter() - started
+        job.emit(Prefilled(outcome))
+        forced = None if job.continuation is None else self.backend.tokenize(job.continuation)
+        if forced is not None:
+            outcome.continuation_nll = []
+        finish, count = self._generate(served.state, job, forced, outcome)
+        job.emit(Final(finish, count))
+        self.done(job.scope, served)
 
     # -- the reply -----------------------------------------------------------------------
     def _generate(self, state, job: Job, forced: list[int] | None = None,
