@@ -159,7 +159,8 @@ def test_entries_that_name_no_pair_are_listed_as_invalid():
                                "object, not [1]")
     assert second["pair"] == "llama/chat on vllm" and third["pair"] == "llama/code-qa"
     assert second["problems"] == ["backend \"vllm\" is not one of transformers, llama.cpp",
-                                  "workload \"chat\" is not one of code-qa, rag, tool-docs"]
+                                  "workload \"chat\" is not one of code-qa, rag, tool-docs, "
+                                  "agent-session"]
     assert third["supported"] is True  # one bad entry does not spoil the others
 
 

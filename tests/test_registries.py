@@ -130,7 +130,8 @@ def test_eval_takes_a_registered_workload(toys):
     assert parsed.returncode == 0, parsed.stderr
     assert json.loads(parsed.stdout) == ["toy", "rag"]
     listed = run(toys, "eval", "--help")
-    assert "code-qa|rag|tool-docs|toy" in listed.stdout.replace("\n", "").replace(" ", "")
+    listed = listed.stdout.replace("\n", "").replace(" ", "")
+    assert "code-qa|rag|tool-docs|agent-session|toy" in listed
 
 
 def test_a_registered_workload_generates_and_is_gated_by_its_chunk_kind(toys, monkeypatch):
@@ -141,7 +142,7 @@ def test_a_registered_workload_generates_and_is_gated_by_its_chunk_kind(toys, mo
         ("toy", "toy-7-0", ["note0"]), ("toy", "toy-7-1", ["note1"])]
     assert workload_of("toy-note") == "toy"
     with pytest.raises(ValueError, match="unknown workload 'nope'; choose from code-qa, rag, "
-                                         "tool-docs, toy"):
+                                         "tool-docs, agent-session, toy"):
         generate("nope", 1, 0, 512)
 
 

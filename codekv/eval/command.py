@@ -22,7 +22,7 @@ from codekv.eval.methods import (
 )
 from codekv.eval.preflight import MIN_CONTEXT_TOKENS
 from codekv.grammars import LANGUAGES
-from codekv.schema import OTHER_REPOS, WORKLOADS
+from codekv.schema import OTHER_REPOS, WORKLOADS, default_workloads
 from codekv.support_schema import MIN_TASKS
 
 
@@ -96,7 +96,7 @@ def canonical_command(config) -> str:
     if config.prefix != AGENT_PROMPT:
         parts += ["--prefix", shlex.quote(config.prefix) if config.prefix else "none"]
     for workload in config.workloads:
-        if tuple(config.workloads) != tuple(WORKLOADS):
+        if tuple(config.workloads) != default_workloads():
             parts += ["--workload", workload]
     parts += ["--tasks", str(config.tasks), "--seed", str(config.seed),
               "--context-tokens", str(config.context_tokens)]
@@ -144,7 +144,8 @@ def canonical_command(config) -> str:
                    "in it: an interrupted run resumes. A file that is not such a checkpoint is "
                    "refused and left as it is.")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
-              help="Workloads to run (default: all).")
+              help="Workloads to run (default: all but agent-session, whose tasks need 4K "
+                   "tokens or more).")
 @click.option("--tasks", type=click.IntRange(min=1), default=None,
               help="Tasks per workload [12; --quick 2].")
 @click.option("--seed", type=int, default=0, show_default=True)

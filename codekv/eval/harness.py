@@ -17,7 +17,7 @@ from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import CodeSource, generate
-from codekv.schema import WORKLOADS
+from codekv.schema import LAST_PROMPT, WORKLOADS, default_workloads
 
 # --quick: few tasks, one ratio, one KV budget, short contexts - minutes on two cores.
 QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,
@@ -46,7 +46,7 @@ THROUGHPUT_METHODS = (("full", 1.0), ("none", 0.0), ("boundary", 0.15), ("anchor
 @dataclass
 class EvalConfig:
     repos: tuple[str, ...] = REPOS  # where code-qa tasks come from (--quick: QUICK_REPOS)
-    workloads: tuple[str, ...] = field(default_factory=lambda: tuple(WORKLOADS))  # all
+    workloads: tuple[str, ...] = field(default_factory=default_workloads)
     tasks: int = 12  # per workload
     seed: int = 0
     strategies: tuple[str, ...] = methods.PARTIAL_STRATEGIES
@@ -288,9 +288,15 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
     """Composition, the reordered reference, then the baselines that can run here (a note
     says why one cannot)."""
     strategies = _runnable(config.strategies, backend, notes)
-    out: list[runner.MethodRunner] = [
-        runner.Composition(methods.composition_methods(strategies, config.ratios,
-                                                       config.conditioning))]
+    composing = methods.composition_methods(strategies, config.ratios, config.conditioning)
+    out: list[runner.MethodRunner] = [runner.Composition(composing)]
+    if any(WORKLOADS[w].source == LAST_PROMPT for w in config.workloads):
+        from codekv.eval.serving import Serving
+
+        # The server's pipeline composes with its rule; chunk KV conditioning and shift-only
+        # are the chunk workloads' settings.
+        out.append(Serving([m for m in composing if m.strategy != methods.SHIFT_ONLY
+                            and m.conditioning == DEFAULT_CONDITIONING]))
     if config.reorder:
         out.append(runner.Reordered())
     pruned = methods.pruning_methods(config.pruning, config.budgets)

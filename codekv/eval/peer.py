@@ -54,6 +54,8 @@ def available() -> str | None:
 class Peers:
     """The peer library's variants as a ``runner.MethodRunner``, on one kvboost engine."""
 
+    sessions = False
+
     def __init__(self, methods: list[Method], tasks: int | None = None):
         self.methods, self.tasks = methods, tasks
         self.engine: KVBoostRunner | None = None  # made on first use, on the task's backend

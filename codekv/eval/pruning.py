@@ -238,6 +238,7 @@ class Pruning:
 
     methods: list[Method]
     tasks: int | None = None
+    sessions = False
 
     def count(self, workload: str) -> int:
         # Only code has anchors; elsewhere anchor-preserving would be snapkv and is not run.

@@ -63,6 +63,9 @@ class MethodRunner(Protocol):
 
     methods: list[Method]
     tasks: int | None  # run on the first ``tasks`` tasks of each workload (None: on all)
+    # It runs agent-session tasks (a session's calls, ``Task.calls``) and no others; the
+    # other kinds run every other task.
+    sessions: bool
 
     def count(self, workload: str) -> int:
         """Requests per task of ``workload`` (for the progress total)."""
@@ -85,6 +88,7 @@ class Composition:
     methods: list[Method]
     tasks: int | None = None
     offline: dict[str, tuple[float, int]] = field(default_factory=dict)
+    sessions = False
 
     def count(self, workload: str) -> int:
         return len(self.methods)
@@ -115,6 +119,7 @@ class Reordered:
 
     tasks: int | None = None
     methods: list[Method] = field(default_factory=lambda: [FULL_REORDERED])
+    sessions = False
 
     def count(self, workload: str) -> int:
         return 1
@@ -202,7 +207,12 @@ def run_task(composer: Composer, task: Task, runners: list[MethodRunner],
     (full prefill too: its row checks the scoring). ``prefix``: a system prompt before the
     chunks, for the runners that support one."""
     backend = composer.backend
-    full = composer.full_prefill(task.context, task.query, prefix)
+    if task.calls is not None:  # an agent session's call: its prompt as the server renders it
+        from codekv.eval.serving import full_prefill
+
+        full = full_prefill(backend, task)
+    else:
+        full = composer.full_prefill(task.context, task.query, prefix)
     reference = _Reference.of(backend, full, task, greedy_tokens)
     context_bytes = _context_kv_bytes(backend, full.state, full.report.context_tokens)
 
@@ -294,11 +304,13 @@ def warm_up(backend) -> None:
 
 def schedule(tasks: list[Task], runners: list[MethodRunner]
              ) -> Iterator[tuple[Task, list[MethodRunner]]]:
-    """Each task with the runners that run on it: each on its first ``tasks`` per workload."""
+    """Each task with the runners that run on it: each on its first ``tasks`` per workload,
+    agent-session tasks on the runners of sessions alone."""
     seen: Counter[str] = Counter()
     for task in tasks:
         seen[task.workload] += 1
-        yield task, [r for r in runners if r.tasks is None or seen[task.workload] <= r.tasks]
+        yield task, [r for r in runners if r.sessions == (task.calls is not None)
+                     and (r.tasks is None or seen[task.workload] <= r.tasks)]
 
 
 def requests(tasks: list[Task], runners: list[MethodRunner]) -> int:

@@ -56,6 +56,9 @@ class Task:
     answer: str
     source: str  # where the answer is written: a context item, or the query's function
     meta: dict = field(default_factory=dict)
+    # agent-session: the session's calls up to this one (``sessions.SessionPrompt``), served
+    # in order; the context is the last one's messages, the query the reply it begins
+    calls: list | None = field(default=None, repr=False)
 
     def context_names(self) -> list[str]:
         return [item_name(item) for item in self.context]

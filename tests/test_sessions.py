@@ -1,0 +1,104 @@
+"""The agent-session workload: calls of aider-style sessions, answered from the files they
+re-send, and served by the server's own pipeline against full prefill of the same tokens."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fixtures.repos import STDLIB_FILES, indexed
+
+from codekv.eval import sessions
+from codekv.eval.workloads import approx_tokens
+
+
+@pytest.fixture
+def stdlib_files(git_repo, byte_counter):
+    from codekv.stdlib_repo import stdlib_dir
+
+    return indexed(git_repo, {name: (stdlib_dir() / name).read_bytes()
+                              for name in STDLIB_FILES})
+
+
+def test_a_task_is_a_later_call_of_a_session_answered_from_the_files_it_resends(stdlib_files):
+    tasks = sessions.agent_session_tasks(12, 0, 8192, approx_tokens, stdlib_files, 256)
+    assert len(tasks) == 12
+    for task in tasks:
+        call = task.calls[-1]
+        assert task.meta["call"] >= 1 and len(task.calls) == task.meta["call"] + 1
+        assert call.partial == task.query
+        assert task.query.startswith(sessions.reply_start(task.source, task.meta["function"]))
+        quoted = task.query.removeprefix(sessions.reply_start(task.source,
+                                                              task.meta["function"]))
+        files = next(m["content"] for m in call.messages
+                     if m["content"].startswith(sessions.FILES_LEAD))
+        # The reply quotes the file as this call re-sends it, and the answer is its next line.
+        assert quoted + task.answer in files and task.answer.startswith("\n")
+        assert task.answer.count("\n") == 1 and len(task.answer.strip()) >= 8
+        assert task.calls[0].partial == ""  # the session's first call is served, not a task
+        assert approx_tokens("".join(m["content"] for m in call.messages)) < 8192
+    by_session: dict[str, list] = {}
+    for task in tasks:
+        by_session.setdefault(task.meta["session"], []).append(task)
+    assert any(len(group) > 1 for group in by_session.values())
+    for group in by_session.values():  # later calls follow the same earlier ones
+        for earlier, later in zip(group, group[1:]):
+            assert later.calls[:len(earlier.calls)] == earlier.calls
+
+
+def test_sessions_are_drawn_again_from_the_seed(stdlib_files):
+    def drawn(seed):
+        return [(t.id, t.query, t.answer) for t in
+                sessions.agent_session_tasks(6, seed, 8192, approx_tokens, stdlib_files, 256)]
+
+    assert drawn(0) == drawn(0) and drawn(0) != drawn(1)
+    assert sessions.agent_session_tasks(6, 0, 8192, approx_tokens, stdlib_files, 256,
+                                        languages=("go",)) == []
+
+
+FILE_A = "def area(width, height):\n    return width * height  # in square units\n"
+FILE_B = "def perimeter(width, height):\n    return 2 * (width + height)  # around it\n"
+
+
+def session_task():
+    """Two calls of a session by hand: a new turn goes in before the files it re-sends."""
+    from codekv.eval.workloads import Task
+
+    files = sessions.FILES_LEAD + f"a.py\n````\n{FILE_A}````\n\nb.py\n````\n{FILE_B}````\n"
+    first = [{"role": "system", "content": "You edit code."},
+             {"role": "user", "content": files},
+             {"role": "user", "content": "Add a docstring to area."}]
+    second = [*first[:1], {"role": "user", "content": "Add a docstring to area."},
+              {"role": "assistant", "content": "Done."}, *first[1:2],
+              {"role": "user", "content": "Now rename perimeter."}]
+    partial = sessions.reply_start("b.py", "perimeter") + "def perimeter(width, height):"
+    calls = [sessions.SessionPrompt(first), sessions.SessionPrompt(second, partial)]
+    return Task("agent-session", "t-1", "recall", [], partial,
+                "\n    return 2 * (width + height)  # around it", "b.py",
+                {"session": "s", "call": 1, "language": "python"}, calls=calls)
+
+
+def test_served_calls_compose_from_the_last_prompt_and_all_is_full_prefill(tiny_model_dir,
+                                                                           tmp_path):
+    from codekv.eval.methods import Method
+    from codekv.eval.serving import Serving, full_prefill
+    from codekv.models import load_backend
+    from codekv.stores.local import LocalKVStore
+
+    backend = load_backend(str(tiny_model_dir))
+    composer = SimpleNamespace(backend=backend, store=LocalKVStore(tmp_path / "kv"))
+    task = session_task()
+    reference = full_prefill(backend, task)
+    serving = Serving([Method("all", 1.0), Method("none", 0.0)])
+    results = {m.strategy: r for m, r in serving.results(composer, task)}
+    for label, result in results.items():
+        assert result.status == "composed", label
+        assert result.report.reused_tokens + result.report.recomputed_tokens > 0
+        assert result.state.length == reference.state.length
+    pipeline, _ = serving.pipelines[Method("none", 0.0).label]
+    assert pipeline.recent.prompts  # the first call was served, and kept, before the task
+    torch.testing.assert_close(results["all"].state.logits, reference.state.logits,
+                               rtol=1e-4, atol=1e-4)
+    assert results["none"].report.reused_tokens > 0
+    assert not torch.allclose(results["none"].state.logits, reference.state.logits, atol=1e-4)
