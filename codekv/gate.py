@@ -334,7 +334,11 @@ class SupportGate:
             evidence, held_out = _runs_shown(listed)
             out.append({
                 "pair": name, "engine": said.engine, "family": said.family,
-                "workload": said.workload, "supported": verdict.allowed,
+                "workload": said.workload,
+                # where the KV it licenses came from: the chunk store, or the last prompt
+                "source": WORKLOADS[said.workload].source if said.workload in WORKLOADS
+                else None,
+                "supported": verdict.allowed,
                 "reason": (entry.reason or verdict.reason) if verdict.allowed
                 else verdict.reason,
                 "problems": listed.problems,

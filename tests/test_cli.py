@@ -512,6 +512,7 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
     code, rag, docs = data["pairs"]
     assert (code["supported"], code["method"], code["reason"]) == (True, "query@0.15", "meets all")
     assert code["evidence"]["command"] == "codekv eval --tasks 100" and code["design"] == DESIGN
+    assert code["source"] == rag["source"] == "store"  # chunks computed alone, not a last prompt
     assert code["held_out"]["command"] == "codekv eval --repo x"
     assert rag["supported"] is False and rag["held_out"] is None
     assert rag["reason"] == ("unsupported: llama/rag passed its evaluation but was not confirmed "
