@@ -278,7 +278,6 @@ class Pipeline:
                                  self.backend.head(kept, len(ids)) if kept is not None
                                  else self.backend.state_kv(served.state, len(ids)))
 
-
     def _chunks(self, scope: str) -> ChunkCache:
         """The scope's chunk KV cache: the keys and KV of its prompts' segments."""
         if scope not in self._chunk_caches:
