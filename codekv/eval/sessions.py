@@ -119,14 +119,6 @@ def _definitions(source: str) -> list[tuple[str, int, int, str]]:
     return found
 
 
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
 def repo_map(files: dict[str, str], budget_chars: int | None = None) -> str:
     """aider's repo map, simplified: each file with its classes' and functions' lines, files in
     order until ``budget_chars`` (None: all of them)."""
@@ -244,12 +236,14 @@ def agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
         return []  # the sessions are generated from Python files
     rng = random.Random(f"agent-session:{seed}")
     files = _python_files(index, count, context_tokens)
+    # what every call holds besides its files: the system prompt, the repo map, the history
+    fixed = count(AIDER_STYLE_SYSTEM) + MAP_TOKENS + count("x" * HISTORY_CHARS) // 2 + 200
     tasks: list[Task] = []
     attempts = 0
     while len(tasks) < n and files and attempts < 4 * n:
         attempts += 1
         target = length(context_tokens, rng) - ANSWER_ROOM
-        session = _session(files, target, count, rng, f"s{attempts}")
+        session = _session(files, target - fixed, rng, f"s{attempts}")
         if session is None:
             continue
         prompts: list[SessionPrompt] = []
@@ -281,9 +275,12 @@ def _python_files(index, count, context_tokens: int) -> dict[str, tuple[str, int
         if file.language != "python" or "test" in file.path.lower():
             continue
         text = reader.read(file).decode("utf-8", "replace")
-        if not text.strip() or len(text) > 4 * context_tokens or not _parses(text):
+        if not text.strip() or len(text) > 4 * context_tokens:
             continue
-        if not _definitions(text):
+        try:
+            if not _definitions(text):
+                continue
+        except (SyntaxError, ValueError):  # a file that does not parse: no session of it
             continue
         tokens = count(text)
         if tokens <= context_tokens // 2:
@@ -291,12 +288,10 @@ def _python_files(index, count, context_tokens: int) -> dict[str, tuple[str, int
     return out
 
 
-def _session(files: dict[str, tuple[str, int]], target: int, count, rng: random.Random,
+def _session(files: dict[str, tuple[str, int]], room: int, rng: random.Random,
              name: str) -> Trajectory | None:
-    """A session whose calls come to about ``target`` tokens: chat files drawn until they
-    fill what the system prompt, repo map and history leave; None when none fits."""
-    fixed = count(AIDER_STYLE_SYSTEM) + MAP_TOKENS + count("x" * HISTORY_CHARS) // 2 + 200
-    room = target - fixed
+    """A session whose chat files come to about ``room`` tokens (what the system prompt, repo
+    map and history leave of its target): drawn until they fill it; None when none fits."""
     paths = sorted(files)
     rng.shuffle(paths)
     in_chat, used = [], 0
@@ -311,7 +306,7 @@ def _session(files: dict[str, tuple[str, int]], target: int, count, rng: random.
     in_chat.sort()
     others = [p for p in paths if p not in in_chat][:60]
     sources = {p: files[p][0] for p in sorted(in_chat + others)}
-    origin = {"generated": "aider-style", "chat_files": in_chat, "target_tokens": target}
+    origin = {"generated": "aider-style", "chat_files": in_chat, "file_tokens": room}
     return aider_session(name, sources, in_chat, map_chars=4 * MAP_TOKENS, origin=origin)
 
 

@@ -341,8 +341,9 @@ class Pipeline:
             from_last = last is not None and (last.allowed or self.experimental)
             to_store = stored is not None and (stored.allowed or self.experimental)
             if not (from_last or to_store):
-                if last or stored:
-                    refusals.setdefault(segment.kind, (last or stored).reason)
+                refused = last if last is not None else stored
+                if refused is not None:
+                    refusals.setdefault(segment.kind, refused.reason)
                 continue
             storing |= to_store
             in_store = to_store and self.store.contains(chunks.key(p, after(segment)))
