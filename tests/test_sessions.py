@@ -102,3 +102,15 @@ def test_served_calls_compose_from_the_last_prompt_and_all_is_full_prefill(tiny_
                                rtol=1e-4, atol=1e-4)
     assert results["none"].report.reused_tokens > 0
     assert not torch.allclose(results["none"].state.logits, reference.state.logits, atol=1e-4)
+
+
+def test_a_file_that_does_not_parse_is_left_out_of_every_session(git_repo, byte_counter):
+    from codekv.stdlib_repo import stdlib_dir
+
+    files = {name: (stdlib_dir() / name).read_bytes() for name in STDLIB_FILES}
+    files["broken.py"] = b"def broken(:\n    return 1\n"
+    index = indexed(git_repo, files)
+    assert "broken.py" not in sessions._python_files(index, approx_tokens, 8192)
+    tasks = sessions.agent_session_tasks(6, 0, 8192, approx_tokens, index, 256)
+    assert len(tasks) == 6 and all(t.source != "broken.py" for t in tasks)
+    assert not any("broken.py" in m["content"] for t in tasks for m in t.calls[-1].messages)
