@@ -27,6 +27,12 @@ def body(lead: str, max_tokens: int, **fields) -> dict:
                          {"role": "user", "content": f"{lead} Tell me about Python."}]}
 
 
+def endless(lead: str) -> dict:
+    """A request that decodes 900 tokens whatever the random weights pick: its reply is forced
+    (``codekv.continuation``), so no end token cuts it short before its client leaves."""
+    return body(lead, 900, codekv={"continuation": "Python is a language. " * 300})
+
+
 def health(server) -> httpx.Response:
     return httpx.get(server.url + "/health", timeout=10)
 
@@ -119,7 +125,7 @@ def test_a_client_that_leaves_stops_its_request_between_decode_steps(server):
     within a few decode steps, the reply counted cut short and never served."""
     cancelled, served = (metric(server, "codekv_cancelled_requests"),
                          metric(server, "codekv_requests_total"))
-    connection = sent(server, body("Go on and on.", 900))
+    connection = sent(server, endless("Go on and on."))
     until(lambda: health(server).json()["busy"], 60, "the request runs")
     time.sleep(0.5)  # decoding
     connection.close()
@@ -135,9 +141,9 @@ def test_a_client_that_leaves_stops_its_request_between_decode_steps(server):
 def test_queued_requests_whose_clients_left_are_dropped_before_prefill(server):
     cancelled, served = (metric(server, "codekv_cancelled_requests"),
                          metric(server, "codekv_requests_total"))
-    running = sent(server, body("The one running.", 900))
+    running = sent(server, endless("The one running."))
     until(lambda: health(server).json()["busy"], 60, "the first request runs")
-    queued = [sent(server, body(f"Queued {n}.", 900)) for n in range(3)]
+    queued = [sent(server, endless(f"Queued {n}.")) for n in range(3)]
     until(lambda: health(server).json()["waiting"] == 3, 30, "three requests wait")
     for connection in queued:
         connection.close()
