@@ -47,6 +47,17 @@ def test_a_task_is_a_later_call_of_a_session_answered_from_the_files_it_resends(
             assert later.calls[:len(earlier.calls)] == earlier.calls
 
 
+def test_every_other_session_opens_with_a_header_that_changes_on_each_call(stdlib_files):
+    tasks = sessions.agent_session_tasks(12, 0, 8192, approx_tokens, stdlib_files, 256)
+    volatile = [t for t in tasks if t.meta["volatile"]]
+    assert volatile and len(volatile) < len(tasks)
+    for task in tasks:
+        systems = [call.messages[0]["content"] for call in task.calls]
+        assert all(s.endswith(sessions.AIDER_STYLE_SYSTEM) for s in systems)
+        # A volatile session's calls share no exact prefix beyond the header's first words.
+        assert len(set(systems)) == (len(systems) if task.meta["volatile"] else 1)
+
+
 def test_sessions_are_drawn_again_from_the_seed(stdlib_files):
     def drawn(seed):
         return [(t.id, t.query, t.answer) for t in

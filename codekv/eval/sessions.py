@@ -5,7 +5,10 @@ a repo map (each file's classes and functions, within a token budget as aider's
 ``--map-tokens``), the history (summarised beyond a budget, as aider does), the chat's files
 re-sent whole in every call after the history, then the new turn. Each turn asks for a change
 to one function, and its reply (a SEARCH/REPLACE block) is applied to the files the next call
-re-sends: between calls the history grows, one function is edited and the files move.
+re-sends: between calls the history grows, one function is edited and the files move. Every
+other session of the workload also opens its system prompt with a header that changes on each
+call (a request id and the time, as agents and their proxies write), so that nothing after it
+is an exact prefix of the call before.
 
 A task of ``agent-session`` is one call after a session's first, answered the way aider answers:
 the reply is begun (the path, the fence and the SEARCH marker, then the lines of the function
@@ -19,8 +22,10 @@ scope's last prompt; the reference is full prefill of the same prompt tokens.
 from __future__ import annotations
 
 import ast
+import hashlib
 import random
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from codekv import gitrepo
@@ -153,11 +158,13 @@ def reply_start(path: str, name: str) -> str:
 
 def aider_session(name: str, sources: dict[str, str], in_chat: list[str], turns: int = TURNS,
                   history_chars: int = HISTORY_CHARS, map_chars: int | None = None,
-                  origin: dict | None = None, agent: str = "aider-generated") -> Trajectory:
+                  origin: dict | None = None, agent: str = "aider-generated",
+                  volatile: bool = False) -> Trajectory:
     """An aider-style session: ``in_chat`` of ``sources`` (path: text) in the chat, ``sources``
     in the repo map (within ``map_chars``); each turn asks for a change to one function of a
     chat file, and its reply is applied to the files the next call re-sends. Once the history
-    passes ``history_chars``, all but the last exchange is summarised, as aider does."""
+    passes ``history_chars``, all but the last exchange is summarised, as aider does. With
+    ``volatile``, the system prompt opens with a header of its own in each call."""
     sources = dict(sources)
     trajectory = Trajectory(agent, name, origin or {})
     done: list[dict] = []
@@ -166,7 +173,8 @@ def aider_session(name: str, sources: dict[str, str], in_chat: list[str], turns:
         definitions = _definitions(sources[path])
         function, line_no, last_no, line = definitions[(turn * 7) % len(definitions)]
         request = REQUESTS[turn % len(REQUESTS)].format(name=function)
-        messages = [{"role": "system", "content": AIDER_STYLE_SYSTEM},
+        header = volatile_header(name, turn) if volatile else ""
+        messages = [{"role": "system", "content": header + AIDER_STYLE_SYSTEM},
                     {"role": "user", "content": repo_map(sources, map_chars)},
                     {"role": "assistant", "content": "Ok, I won't try and edit those files "
                                                      "without asking first."},
@@ -193,6 +201,13 @@ def aider_session(name: str, sources: dict[str, str], in_chat: list[str], turns:
                                                 "and you applied them."},
                     {"role": "assistant", "content": "Ok."}, *done[-2:]]
     return trajectory
+
+
+def volatile_header(session: str, turn: int) -> str:
+    """A line that differs in every call: the session, a request id and the time sent."""
+    request = hashlib.sha256(f"{session}:{turn}".encode()).hexdigest()[:8 + turn % 5]
+    sent = datetime(2026, 12, 3, 9, 0, tzinfo=UTC) + timedelta(seconds=97 * turn + turn ** 3)
+    return f"Session {session}, request {request}, sent {sent.isoformat()}.\n\n"
 
 
 def generated_aider_session(root: Path, turns: int = TURNS, chat_files: int = 3,
@@ -243,7 +258,7 @@ def agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
     while len(tasks) < n and files and attempts < 4 * n:
         attempts += 1
         target = length(context_tokens, rng) - ANSWER_ROOM
-        session = _session(files, target - fixed, rng, f"s{attempts}")
+        session = _session(files, target - fixed, rng, f"s{attempts}", attempts % 2 == 0)
         if session is None:
             continue
         prompts: list[SessionPrompt] = []
@@ -259,7 +274,8 @@ def agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
                               "recall", [], partial, answer, call.meta["path"],
                               {"language": "python", "session": session.name, "call": number,
                                "function": call.meta["function"],
-                               "chat_files": session.origin["chat_files"]},
+                               "chat_files": session.origin["chat_files"],
+                               "volatile": session.origin["volatile"]},
                               calls=list(prompts)))
             if len(tasks) == n:
                 break
@@ -289,7 +305,7 @@ def _python_files(index, count, context_tokens: int) -> dict[str, tuple[str, int
 
 
 def _session(files: dict[str, tuple[str, int]], room: int, rng: random.Random,
-             name: str) -> Trajectory | None:
+             name: str, volatile: bool) -> Trajectory | None:
     """A session whose chat files come to about ``room`` tokens (what the system prompt, repo
     map and history leave of its target): drawn until they fill it; None when none fits."""
     paths = sorted(files)
@@ -306,8 +322,10 @@ def _session(files: dict[str, tuple[str, int]], room: int, rng: random.Random,
     in_chat.sort()
     others = [p for p in paths if p not in in_chat][:60]
     sources = {p: files[p][0] for p in sorted(in_chat + others)}
-    origin = {"generated": "aider-style", "chat_files": in_chat, "file_tokens": room}
-    return aider_session(name, sources, in_chat, map_chars=4 * MAP_TOKENS, origin=origin)
+    origin = {"generated": "aider-style", "chat_files": in_chat, "file_tokens": room,
+              "volatile": volatile}
+    return aider_session(name, sources, in_chat, map_chars=4 * MAP_TOKENS, origin=origin,
+                         volatile=volatile)
 
 
 def _recall(call: Call, rng: random.Random) -> tuple[str | None, str]:
