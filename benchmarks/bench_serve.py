@@ -295,7 +295,8 @@ def load_trajectories(args) -> list[rs.Trajectory]:
                 trajectory.name = f"{entry['repository'].split('/')[-1]}/{trajectory.name}"
             trajectories += loaded[:entry.get("sessions", len(loaded))]
     for directory in args.generated:
-        trajectories.append(rs.generated_aider_session(Path(directory), turns=args.max_calls))
+        trajectories.append(rs.generated_aider_session(Path(directory), turns=args.max_calls,
+                                                       volatile=args.volatile))
     if args.per_agent:
         counts: dict[str, int] = {}
         kept = []
@@ -326,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated", action="append", default=None,
                         help="A package directory to build an aider-style session from "
                              "(repeatable) [the standard library's wsgiref]; 'none' for none.")
+    parser.add_argument("--volatile", action="store_true",
+                        help="Open each generated call's system prompt with a header of its "
+                             "own (a request id and the time), as agents and proxies write.")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"Comma-separated server modes, of {', '.join(MODES)}.")
     parser.add_argument("--max-calls", type=int, default=6,

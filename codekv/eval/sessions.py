@@ -211,10 +211,11 @@ def volatile_header(session: str, turn: int) -> str:
 
 
 def generated_aider_session(root: Path, turns: int = TURNS, chat_files: int = 3,
-                            max_file_chars: int = 7000, history_chars: int = HISTORY_CHARS
-                            ) -> Trajectory:
+                            max_file_chars: int = 7000, history_chars: int = HISTORY_CHARS,
+                            volatile: bool = False) -> Trajectory:
     """An aider-style session over the Python files of ``root``: the largest ``chat_files``
-    of those of at most ``max_file_chars`` are in the chat, every file is in the repo map."""
+    of those of at most ``max_file_chars`` are in the chat, every file is in the repo map;
+    with ``volatile``, each call's system prompt opens with a header of its own."""
     root = Path(root)
     sources = {str(p.relative_to(root)): p.read_text(encoding="utf-8")
                for p in sorted(root.rglob("*.py")) if "test" not in p.name}
@@ -226,8 +227,9 @@ def generated_aider_session(root: Path, turns: int = TURNS, chat_files: int = 3,
                           f"{max_file_chars} characters with functions")
     in_chat = sorted(candidates[-chat_files:])  # the largest that fit: most to re-send
     origin = {"generated": "aider-style", "source": str(root), "turns": turns,
-              "chat_files": in_chat}
-    return aider_session(root.name, sources, in_chat, turns, history_chars, origin=origin)
+              "chat_files": in_chat, "volatile": volatile}
+    return aider_session(root.name, sources, in_chat, turns, history_chars, origin=origin,
+                         volatile=volatile)
 
 
 # -- the agent-session workload -------------------------------------------------------------
