@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from codekv.eval import checkpoint
-from codekv.eval.measures import ResultRow
+from codekv.eval.measures import Measure, ResultRow
 from codekv.eval.report import ci, is_peer, is_pruning, retained
-from codekv.eval.results import aggregate, comparisons, mean_ci
+from codekv.eval.results import aggregate, comparisons
 
 
 def results(data: dict) -> list[ResultRow]:
@@ -68,28 +68,37 @@ def comparison_tables(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def repository_tables(data: dict) -> str:
-    """Code-QA per repository it was drawn from (the one rules were developed on, and one
-    they were not): each method's mean ΔNLL and |ΔNLL| with intervals there."""
+def subset_tables(data: dict) -> str:
+    """Each method on subsets of the tasks: per repository they were drawn from (the one rules
+    were developed on, and one they were not), and for agent sessions by whether each call's
+    system prompt opened with a header of its own; mean ΔNLL, |ΔNLL| and retention with
+    intervals there. Empty when no task falls in more than one subset of a kind."""
     if data.get("tasks"):
-        repo_of = {t["id"]: t["repo"] for t in data["tasks"] if t.get("repo")}
+        tasks = {t["id"]: t for t in data["tasks"]}
     else:  # a checkpoint: code-qa task ids start with their repository
-        repo_of = {m["task"]: m["task"].split("/")[0] for m in data.get("measures", [])
-                   if "/" in m["task"]}
-    if len(set(repo_of.values())) < 2:
-        return ""
-    groups: dict[tuple[str, str], list[float]] = {}
-    for m in data.get("measures", []):
-        if m["task"] in repo_of and m["kind"] in ("composition", "reference"):
-            groups.setdefault((repo_of[m["task"]], m["method"]), []).append(m["delta_nll"])
-    lines = [row(["repository", "method", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]"]),
-             row(["---"] * 5)]
-    for (repo, method), deltas in groups.items():
-        if method == "full":
+        tasks = {m["task"]: {"repo": m["task"].split("/")[0]} for m in data.get("measures", [])
+                 if "/" in m["task"]}
+    kinds = {"repository": lambda t: t.get("repo"),
+             "system prompt": lambda t: None if "volatile" not in t else (
+                 "a header of its own each call" if t["volatile"] else "the same each call")}
+    lines = [row(["subset", "method", "tasks", "ΔNLL [95% CI]", "\\|ΔNLL\\| [95% CI]",
+                   "retention [95% CI] of solved"]), row(["---"] * 6)]
+    for kind, subset_of in kinds.items():
+        groups: dict[str, list[Measure]] = {}
+        for m in data.get("measures", []):
+            label = subset_of(tasks[m["task"]]) if m["task"] in tasks else None
+            if label is not None and m["kind"] in ("composition", "reference"):
+                groups.setdefault(label, []).append(Measure.from_json(m))
+        if len(groups) < 2:
             continue
-        lines.append(row([repo, method, len(deltas), ci(*mean_ci(deltas), "+.3f"),
-                           ci(*mean_ci([abs(d) for d in deltas]), ".3f")]))
-    return "\n".join(lines) + "\n"
+        for label, measures in groups.items():
+            for r in aggregate(measures):
+                if r.method != "full":
+                    lines.append(row([f"{kind}: {label}", r.method, r.tasks,
+                                      ci(r.delta_nll, r.delta_nll_ci, "+.3f"),
+                                      ci(r.abs_delta_nll, r.abs_delta_nll_ci, ".3f"),
+                                      retained(r.retention, r.retention_ci, r.solved)]))
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def conditioning_table(data: dict) -> str:
@@ -214,7 +223,7 @@ def main(argv: list[str]) -> int:
     compared = comparison_tables(data)
     if compared:
         print(f"### Rules against baselines at the same ratio\n\n{compared}")
-    for title, table in (("Code QA per repository", repository_tables(data)),
+    for title, table in (("Per subset of the tasks", subset_tables(data)),
                          ("Conditioning: offline cost and quality", conditioning_table(data))):
         if table:
             print(f"### {title}\n\n{table}")
