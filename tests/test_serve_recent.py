@@ -19,11 +19,11 @@ REPLY = " width times height"
 
 
 def prompt(*parts: str):
-    """The parts as one prompt, each a message's content but the last (the question, which
-    is never reused)."""
+    """The parts as one prompt, each a message's content: the last (the question) is the
+    request, never reused."""
     from codekv.serve.engine import Prompt
 
-    return Prompt("".join(parts), list(parts[:-1]))
+    return Prompt("".join(parts), list(parts))
 
 
 def served(engine, scope: str, parts: tuple[str, ...], continuation: str = REPLY):
@@ -87,12 +87,12 @@ def test_what_follows_a_new_turn_is_taken_from_the_last_prompt_as_computed_there
     second = (SYSTEM, TURN, NOTE, FILE, QUESTION)  # a turn written before what it re-sends
     outcome = served(engine, "agent", second)
     assert outcome.status == "composed" and outcome.strategy == "none"
-    # One run: the note, the file and the question (but its last token) as the first prompt
-    # had them after the system message, from where the texts agree (the turn's last
-    # characters are the system message's).
+    # One run: the note and the file as the first prompt had them after the system message,
+    # from where the texts agree (the turn's last characters are the system message's); the
+    # question, the request, is computed.
     assert outcome.segments_reused == outcome.segments_from_last_prompt == 1
     assert outcome.recomputed_tokens == 0
-    run_start = outcome.prompt_tokens - 1 - outcome.reused_tokens
+    run_start = token_span(backend, second, 4)[0] - outcome.reused_tokens
     note = token_span(backend, second, 2)[0]
     assert note - engine.min_segment_tokens < run_start <= note
     # The file's KV is the first prompt's, as its full prefill computed it there (after the
@@ -115,8 +115,8 @@ def test_with_every_token_recomputed_the_reply_scores_as_full_prefill(engine_of)
     first, second = (SYSTEM, NOTE, FILE, QUESTION), (SYSTEM, TURN, FILE, NOTE, QUESTION)
     served(composed, "agent", first)
     outcome = served(composed, "agent", second)
-    # The file, the note and the question, each found where the first prompt had it.
-    assert outcome.status == "composed" and outcome.segments_from_last_prompt == 3
+    # The file and the note, each found where the first prompt had it.
+    assert outcome.status == "composed" and outcome.segments_from_last_prompt == 2
     reference = served(exact, "agent", second)
     assert reference.status == "full-prefill"
     assert outcome.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
@@ -149,7 +149,7 @@ def test_text_between_reused_segments_is_computed_once_in_place(engine_of, monke
 
     monkeypatch.setattr(backend, "prefill_chunk", counted)
     outcome = served(composed, "agent", second)
-    assert outcome.status == "composed" and outcome.segments_from_last_prompt == 3
+    assert outcome.status == "composed" and outcome.segments_from_last_prompt == 2
     start, end = token_span(backend, second, 2)
     assert end > start and outcome.prefilled_tokens >= end - start
     ids = backend.tokenize_prompt("".join(second))[0]
@@ -257,23 +257,24 @@ def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path
 
 
 EDITED = FILE.replace("    return", '    """Width times height."""\n    return')
-SHAPES = {  # the last prompt, the next one, and the part of the next one that changed
+SHAPES = {  # the last prompt, the next one, which part of it changed, which one follows it
     "an id early in the system prompt, of another length": (
         ("Request 7f3a at 08:01:22.\n", SYSTEM, NOTE, FILE, QUESTION),
-        ("Request 91c2e0b at 08:02:05.\n", SYSTEM, NOTE, FILE, QUESTION), 0),
+        ("Request 91c2e0b at 08:02:05.\n", SYSTEM, NOTE, FILE, QUESTION), 0, 3),
     "a block edited in the middle": (
-        (SYSTEM, NOTE, FILE, QUESTION), (SYSTEM, NOTE, EDITED, QUESTION), 2),
+        (SYSTEM, FILE, NOTE, QUESTION), (SYSTEM, EDITED, NOTE, QUESTION), 1, 2),
     "a message removed": (
-        (SYSTEM, NOTE, TURN, FILE, QUESTION), (SYSTEM, NOTE, FILE, QUESTION), 1),
+        (SYSTEM, NOTE, TURN, FILE, QUESTION), (SYSTEM, NOTE, FILE, QUESTION), 1, 2),
 }
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_after_a_changed_span_the_rest_is_the_last_prompts_in_place(engine_of, shape):
     """The tokens after what changed are the last prompt's, re-positioned where the lengths
-    differ: only the changed span is computed (and a run's first tokens, where the texts
-    agree only after it); with every token recomputed the reply scores as full prefill."""
-    first, second, changed = SHAPES[shape]
+    differ: only the changed span and the request are computed (and a run's first tokens,
+    where the texts agree only after it); with every token recomputed the reply scores as
+    full prefill."""
+    first, second, changed, after = SHAPES[shape]
     for strategy in ("none", "all"):
         engine, exact = engine_of(strategy=strategy), engine_of(reuse="exact-only")
         backend = engine.backend
@@ -281,19 +282,21 @@ def test_after_a_changed_span_the_rest_is_the_last_prompts_in_place(engine_of, s
         outcome = served(engine, "agent", second)
         assert outcome.status == "composed" and outcome.segments_from_last_prompt >= 1
         start, end = token_span(backend, second, changed)
-        assert outcome.prefilled_tokens <= end - start + engine.min_segment_tokens + 1
+        request = token_span(backend, second, len(second) - 1)
+        assert outcome.prefilled_tokens <= (end - start + request[1] - request[0]
+                                            + engine.min_segment_tokens)
         if strategy == "none":
             assert outcome.recomputed_tokens == 0
-            # The question's KV is the first prompt's, as its full prefill computed it there,
-            # rotated to where the question is now.
-            old, new = token_span(backend, first, len(first) - 1), token_span(backend, second,
-                                                                             len(second) - 1)
+            # The part after the change has the KV the first prompt's full prefill computed
+            # for it there, rotated to where it is now.
+            old = token_span(backend, first, first.index(second[after]))
+            new = token_span(backend, second, after)
             ids = backend.tokenize_prompt("".join(first))[0]
             full = backend.state_kv(backend.full_prefill(ids), len(ids))
             want = backend.reposition(backend.span(full, *old), new[0])
             got = backend.span(engine.recent.prompts["agent"].kv, *new)
             for a, b in zip(want.keys + want.values, got.keys + got.values, strict=True):
-                torch.testing.assert_close(b[..., :-1, :], a[..., :-1, :], rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
         else:
             reference = served(exact, "agent", second)
             assert reference.status in ("full-prefill", "exact-prefix")

@@ -258,8 +258,11 @@ class Pipeline:
                                  self.known_code, self.split_code)
         segments = seg.token_segments(spans, offsets, ids, self.min_segment_tokens)
         system_tokens = sum(1 for _, end in offsets if end <= prompt.system_end)
+        # The request: the last message and what follows it (a reply begun), never reused.
+        begins = prompt.text.rfind(prompt.contents[-1]) if prompt.contents else 0
+        request = sum(1 for start, _ in offsets if start < begins)
         outcome = Outcome(prompt_tokens=len(ids))
-        state, pending = self._prefill(scope, ids, segments, system_tokens, outcome)
+        state, pending = self._prefill(scope, ids, segments, system_tokens, request, outcome)
         outcome.ttft_s = time.perf_counter() - started
         outcome.store_error = self.store.error
         return Served(ids, state, outcome, pending)
@@ -296,8 +299,9 @@ class Pipeline:
             self.experimental or self._verdict(segment, prompt_tokens).allowed)
 
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
-                 system_tokens: int, outcome: Outcome):
-        """The request state of ``ids`` and the segments to store after the reply."""
+                 system_tokens: int, request: int, outcome: Outcome):
+        """The request state of ``ids`` and the segments to store after the reply; the tokens
+        from ``request`` on (the last message's) are computed in place, never reused."""
         backend = self.backend
         if self.slots is not None:
             return self.slots.prefill(scope, ids, outcome), []
@@ -312,8 +316,9 @@ class Pipeline:
             refusals = {"model": f"unsupported: {backend.info.unsupported}"}
         reusing = self.reuse == COMPOSE and not backend.info.unsupported
         languages = frozenset(s.language for s in segments if s.language)
-        runs = self._runs(scope, ids, n, languages, refusals) if reusing else []
-        candidates = [s for s in segments if s.start >= n]
+        runs = self._runs(scope, ids[:request], n, len(ids), languages,
+                          refusals) if reusing else []
+        candidates = [s for s in segments if s.start >= n and s.end <= request]
 
         def after(segment: seg.Segment) -> list[int]:
             return ids[:system_tokens] if segment.start >= system_tokens else []
@@ -385,19 +390,21 @@ class Pipeline:
             len(p.ids) + (len(after) if kv is None else 0) for p, after, kv in pending)
         return state, pending
 
-    def _runs(self, scope: str, ids: list[int], n: int, languages: frozenset[str],
-              refusals: dict[str, str]) -> list[tuple]:
-        """The runs past the exact prefix ``n`` that the scope's last prompt holds too, as hits
-        (segment, verdict, no piece, their KV there), where the gate licenses the last
-        prompt's class for the prompt's ``languages`` (else none, the refusal noted). The last
-        token is never in one: its logits are computed."""
+    def _runs(self, scope: str, before: list[int], n: int, prompt_tokens: int,
+              languages: frozenset[str], refusals: dict[str, str]) -> list[tuple]:
+        """The runs of the prompt's tokens ``before`` its request, past the exact prefix ``n``,
+        that the scope's last prompt holds too, as hits (segment, verdict, no piece, their KV
+        there), where the gate licenses the last prompt's class for the prompt's ``languages``
+        (else none, the refusal noted). The request (the last message, and a reply begun) is
+        computed in place, as the evidence's questions were: its KV in the last prompt followed
+        another request, and the query-aware rules read its attention."""
         if self.recent is None or LAST_PROMPT not in self.sources:
             return []
-        found = self.recent.runs(scope, ids[:len(ids) - 1], n)
+        found = self.recent.runs(scope, before[:prompt_tokens - 1], n)
         if not found:
             return []
-        verdict = licence(self.gate, self.backend.info, ChunkKind.PASSAGE, languages, len(ids),
-                          LAST_PROMPT)
+        verdict = licence(self.gate, self.backend.info, ChunkKind.PASSAGE, languages,
+                          prompt_tokens, LAST_PROMPT)
         if not (verdict.allowed or self.experimental):
             refusals[LAST_PROMPT] = verdict.reason
             return []
