@@ -9,6 +9,8 @@ import threading
 import pytest
 import torch
 
+from codekv.schema import LAST_PROMPT, SOURCES
+
 SYSTEM = "You answer questions about the notes below.\n\n"
 NOTE = "The quick brown fox jumps over the lazy dog near the river bank, twice a day.\n\n"
 FILE = "def area(width, height):\n    return width * height  # the surface, in square units\n\n"
@@ -59,6 +61,8 @@ def engine_of(tiny_backend, tmp_path):
     made = []
 
     def make(**options):
+        """An experimental engine reading the last prompt alone unless ``sources`` says."""
+        options = {"sources": (LAST_PROMPT,), **options}
         engine = Engine(tiny_backend(), LocalKVStore(tmp_path / f"kv{len(made)}"),
                         SupportGate([], "no evidence"), experimental=True,
                         min_segment_tokens=8, **options)
@@ -197,7 +201,7 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
     not before the first token, as where a placeholder is the text computed alone."""
     from codekv.serve.engine import Failed, Final, Job, Sampling
 
-    engine = engine_of(strategy="all")
+    engine = engine_of(strategy="all", sources=SOURCES)
     backend = engine.backend
     served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
     second = (SYSTEM, NOTE, TURN, FILE, QUESTION)  # the turn: a new segment between
@@ -228,7 +232,7 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
 
 @pytest.mark.parametrize("licensed, from_last, from_store", [
     ("agent-session", 1, 0),  # the last prompt's class: one run of it, and nothing stored
-    ("rag", 0, 2),  # the store's class of passages: the same segments, from the store
+    ("rag", 0, 3),  # the store's class of passages: the note, file and question, from there
 ])
 def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path, licensed,
                                                           from_last, from_store):
@@ -247,7 +251,8 @@ def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path
     try:
         first = served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
         assert first.status == "full-prefill"
-        assert first.segments_stored == (0 if licensed == "agent-session" else 3)
+        # Stored where the store's class is licensed: the system message, note, file, question.
+        assert first.segments_stored == (0 if licensed == "agent-session" else 4)
         outcome = served(engine, "agent", (SYSTEM, TURN, NOTE, FILE, QUESTION))
         assert outcome.status == "composed" and outcome.strategy == "boundary"
         assert outcome.segments_from_last_prompt == from_last

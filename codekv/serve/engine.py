@@ -258,7 +258,8 @@ class Pipeline:
                                  self.known_code, self.split_code)
         segments = seg.token_segments(spans, offsets, ids, self.min_segment_tokens)
         system_tokens = sum(1 for _, end in offsets if end <= prompt.system_end)
-        # The request: the last message and what follows it (a reply begun), never reused.
+        # The request: the last message and what follows it (a reply begun), never taken from
+        # the last prompt (segments of it may still come from the store: code pasted into it).
         begins = prompt.text.rfind(prompt.contents[-1]) if prompt.contents else 0
         request = sum(1 for start, _ in offsets if start < begins)
         outcome = Outcome(prompt_tokens=len(ids))
@@ -301,7 +302,7 @@ class Pipeline:
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
                  system_tokens: int, request: int, outcome: Outcome):
         """The request state of ``ids`` and the segments to store after the reply; the tokens
-        from ``request`` on (the last message's) are computed in place, never reused."""
+        from ``request`` on (the last message's) are never taken from the last prompt."""
         backend = self.backend
         if self.slots is not None:
             return self.slots.prefill(scope, ids, outcome), []
@@ -318,7 +319,7 @@ class Pipeline:
         languages = frozenset(s.language for s in segments if s.language)
         runs = self._runs(scope, ids[:request], n, len(ids), languages,
                           refusals) if reusing else []
-        candidates = [s for s in segments if s.start >= n and s.end <= request]
+        candidates = [s for s in segments if s.start >= n]
 
         def after(segment: seg.Segment) -> list[int]:
             return ids[:system_tokens] if segment.start >= system_tokens else []
