@@ -637,8 +637,7 @@ def test_the_server_composes_a_request_as_the_composer_does(tiny_backend, tmp_pa
         prefix_kv = backend.prefill_chunk(request.prefix_ids)  # what an earlier prompt left
         engine.prefix.put("agent", request.prefix_ids, prefix_kv, prefix_kv.nbytes())
         outcome = Outcome(prompt_tokens=len(ids))
-        # The query is the request: it starts where the chunks end.
-        state, pending = engine._prefill("agent", ids, segments, n, start, outcome)
+        state, pending = engine._prefill("agent", ids, segments, n, outcome)
     finally:
         engine.close()
     report = result.report

@@ -1,6 +1,6 @@
-"""Runs of tokens taken from the scope's last prompt (``codekv.serve.recent``), in process on a
-tiny random-weight Llama: the KV reused is the one the last prompt computed in place, and with
-every token recomputed the reply is full prefill's, whatever changed between the prompts."""
+"""Segments taken from the scope's last prompt (``codekv.serve.recent``), in process on a tiny
+random-weight Llama: the KV reused is the one the last prompt computed in place, and with every
+token recomputed the reply is full prefill's."""
 
 from __future__ import annotations
 
@@ -9,23 +9,20 @@ import threading
 import pytest
 import torch
 
-from codekv.schema import LAST_PROMPT, SOURCES
-
 SYSTEM = "You answer questions about the notes below.\n\n"
 NOTE = "The quick brown fox jumps over the lazy dog near the river bank, twice a day.\n\n"
 FILE = "def area(width, height):\n    return width * height  # the surface, in square units\n\n"
 TURN = "Earlier you said the fox was red; the dog did not move at all that morning.\n\n"
 QUESTION = "What does area return?"
-OTHER = "How is a perimeter found?"
 REPLY = " width times height"
 
 
 def prompt(*parts: str):
-    """The parts as one prompt, each a message's content: the last (the question) is the
-    request, never reused."""
+    """The parts as one prompt, each a message's content but the last (the question, which
+    is never reused)."""
     from codekv.serve.engine import Prompt
 
-    return Prompt("".join(parts), list(parts))
+    return Prompt("".join(parts), list(parts[:-1]))
 
 
 def served(engine, scope: str, parts: tuple[str, ...], continuation: str = REPLY):
@@ -61,8 +58,6 @@ def engine_of(tiny_backend, tmp_path):
     made = []
 
     def make(**options):
-        """An experimental engine reading the last prompt alone unless ``sources`` says."""
-        options = {"sources": (LAST_PROMPT,), **options}
         engine = Engine(tiny_backend(), LocalKVStore(tmp_path / f"kv{len(made)}"),
                         SupportGate([], "no evidence"), experimental=True,
                         min_segment_tokens=8, **options)
@@ -82,7 +77,8 @@ def token_span(backend, parts: tuple[str, ...], index: int) -> tuple[int, int]:
     return len(before), len(through)
 
 
-def test_what_follows_a_new_turn_is_taken_from_the_last_prompt_as_computed_there(engine_of):
+def test_a_segment_moved_by_a_new_turn_is_taken_from_the_last_prompt_as_computed_there(
+        engine_of):
     engine = engine_of(strategy="none")
     backend = engine.backend
     first = (SYSTEM, NOTE, FILE, QUESTION)
@@ -91,14 +87,8 @@ def test_what_follows_a_new_turn_is_taken_from_the_last_prompt_as_computed_there
     second = (SYSTEM, TURN, NOTE, FILE, QUESTION)  # a turn written before what it re-sends
     outcome = served(engine, "agent", second)
     assert outcome.status == "composed" and outcome.strategy == "none"
-    # One run: the note and the file as the first prompt had them after the system message,
-    # from where the texts agree (the turn's last characters are the system message's); the
-    # question, the request, is computed.
-    assert outcome.segments_reused == outcome.segments_from_last_prompt == 1
+    assert outcome.segments_reused == outcome.segments_from_last_prompt == 2
     assert outcome.recomputed_tokens == 0
-    run_start = token_span(backend, second, 4)[0] - outcome.reused_tokens
-    note = token_span(backend, second, 2)[0]
-    assert note - engine.min_segment_tokens < run_start <= note
     # The file's KV is the first prompt's, as its full prefill computed it there (after the
     # note), rotated to where the file is now: not the chunk store's (computed alone).
     old, new = token_span(backend, first, 2), token_span(backend, second, 3)
@@ -119,7 +109,6 @@ def test_with_every_token_recomputed_the_reply_scores_as_full_prefill(engine_of)
     first, second = (SYSTEM, NOTE, FILE, QUESTION), (SYSTEM, TURN, FILE, NOTE, QUESTION)
     served(composed, "agent", first)
     outcome = served(composed, "agent", second)
-    # The file and the note, each found where the first prompt had it.
     assert outcome.status == "composed" and outcome.segments_from_last_prompt == 2
     reference = served(exact, "agent", second)
     assert reference.status == "full-prefill"
@@ -130,7 +119,7 @@ def test_only_the_last_prompt_is_kept_and_within_the_budget(engine_of):
     engine = engine_of(strategy="none")
     served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
     served(engine, "agent", (SYSTEM, TURN, QUESTION))  # the file not sent this time
-    assert served(engine, "agent", (SYSTEM, FILE, OTHER)).segments_from_last_prompt == 0
+    assert served(engine, "agent", (SYSTEM, FILE, QUESTION)).segments_from_last_prompt == 0
     none_kept = engine_of(strategy="none", prefix_budget_bytes=0)
     served(none_kept, "agent", (SYSTEM, NOTE, FILE, QUESTION))
     assert not none_kept.recent.prompts
@@ -163,7 +152,7 @@ def test_text_between_reused_segments_is_computed_once_in_place(engine_of, monke
     assert outcome.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
 
 
-def test_a_prompt_repeating_the_last_reuses_it_past_its_exact_part_in_place(engine_of):
+def test_experimental_reuses_the_last_prompt_past_its_exact_part_in_place(engine_of):
     """A composed request's KV past its first reused segment is not exact, so the exact-prefix
     cache keeps only what comes before; a next prompt repeating the whole last one reuses the
     rest in place (composed, never counted exact), and with every token recomputed it scores
@@ -176,12 +165,10 @@ def test_a_prompt_repeating_the_last_reuses_it_past_its_exact_part_in_place(engi
         follow = (SYSTEM, TURN, NOTE, FILE, QUESTION + REPLY, " And the perimeter?")
         outcome = served(engine, "agent", follow)
         assert outcome.status == "composed"
-        # Exact: up to where the last request's first run began (at the note, or a few tokens
-        # before, where the texts around it agree); from there to where the prompts part (the
-        # last question's end), reused in place.
+        # Exact: up to the note, the first segment the last request reused; from there to
+        # where the prompts part (the last question's end), reused in place.
         backend = engine.backend
-        note = token_span(backend, follow, 2)[0]
-        assert note - engine.min_segment_tokens < outcome.exact_prefix_tokens <= note
+        assert outcome.exact_prefix_tokens == token_span(backend, follow, 2)[0]
         common = token_span(backend, (SYSTEM, TURN, NOTE, FILE, QUESTION), 4)[1]
         reused = outcome.reused_tokens + outcome.recomputed_tokens
         assert common - 2 <= outcome.exact_prefix_tokens + reused <= common
@@ -201,7 +188,7 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
     not before the first token, as where a placeholder is the text computed alone."""
     from codekv.serve.engine import Failed, Final, Job, Sampling
 
-    engine = engine_of(strategy="all", sources=SOURCES)
+    engine = engine_of(strategy="all")
     backend = engine.backend
     served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
     second = (SYSTEM, NOTE, TURN, FILE, QUESTION)  # the turn: a new segment between
@@ -231,8 +218,8 @@ def test_a_new_segment_between_reused_ones_is_stored_only_after_the_reply(engine
 
 
 @pytest.mark.parametrize("licensed, from_last, from_store", [
-    ("agent-session", 1, 0),  # the last prompt's class: one run of it, and nothing stored
-    ("rag", 0, 3),  # the store's class of passages: the note, file and question, from there
+    ("agent-session", 2, 0),  # the last prompt's class: its segments, and nothing stored
+    ("rag", 0, 2),  # the store's class of passages: the same segments, from the store
 ])
 def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path, licensed,
                                                           from_last, from_store):
@@ -251,92 +238,10 @@ def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path
     try:
         first = served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
         assert first.status == "full-prefill"
-        # Stored where the store's class is licensed: the system message, note, file, question.
-        assert first.segments_stored == (0 if licensed == "agent-session" else 4)
+        assert first.segments_stored == (0 if licensed == "agent-session" else 3)
         outcome = served(engine, "agent", (SYSTEM, TURN, NOTE, FILE, QUESTION))
         assert outcome.status == "composed" and outcome.strategy == "boundary"
         assert outcome.segments_from_last_prompt == from_last
         assert outcome.segments_reused - outcome.segments_from_last_prompt == from_store
     finally:
         engine.close()
-
-
-EDITED = FILE.replace("    return", '    """Width times height."""\n    return')
-SHAPES = {  # the last prompt, the next one, which part of it changed, which one follows it
-    "an id early in the system prompt, of another length": (
-        ("Request 7f3a at 08:01:22.\n", SYSTEM, NOTE, FILE, QUESTION),
-        ("Request 91c2e0b at 08:02:05.\n", SYSTEM, NOTE, FILE, QUESTION), 0, 3),
-    "a block edited in the middle": (
-        (SYSTEM, FILE, NOTE, QUESTION), (SYSTEM, EDITED, NOTE, QUESTION), 1, 2),
-    "a message removed": (
-        (SYSTEM, NOTE, TURN, FILE, QUESTION), (SYSTEM, NOTE, FILE, QUESTION), 1, 2),
-}
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-def test_after_a_changed_span_the_rest_is_the_last_prompts_in_place(engine_of, shape):
-    """The tokens after what changed are the last prompt's, re-positioned where the lengths
-    differ: only the changed span and the request are computed (and a run's first tokens,
-    where the texts agree only after it); with every token recomputed the reply scores as
-    full prefill."""
-    first, second, changed, after = SHAPES[shape]
-    for strategy in ("none", "all"):
-        engine, exact = engine_of(strategy=strategy), engine_of(reuse="exact-only")
-        backend = engine.backend
-        assert served(engine, "agent", first).status == "full-prefill"
-        outcome = served(engine, "agent", second)
-        assert outcome.status == "composed" and outcome.segments_from_last_prompt >= 1
-        start, end = token_span(backend, second, changed)
-        request = token_span(backend, second, len(second) - 1)
-        assert outcome.prefilled_tokens <= (end - start + request[1] - request[0]
-                                            + engine.min_segment_tokens)
-        if strategy == "none":
-            assert outcome.recomputed_tokens == 0
-            # The part after the change has the KV the first prompt's full prefill computed
-            # for it there, rotated to where it is now.
-            old = token_span(backend, first, first.index(second[after]))
-            new = token_span(backend, second, after)
-            ids = backend.tokenize_prompt("".join(first))[0]
-            full = backend.state_kv(backend.full_prefill(ids), len(ids))
-            want = backend.reposition(backend.span(full, *old), new[0])
-            got = backend.span(engine.recent.prompts["agent"].kv, *new)
-            for a, b in zip(want.keys + want.values, got.keys + got.values, strict=True):
-                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-        else:
-            reference = served(exact, "agent", second)
-            assert reference.status in ("full-prefill", "exact-prefix")
-            assert outcome.continuation_nll == pytest.approx(reference.continuation_nll,
-                                                             abs=1e-4)
-
-
-def test_runs_are_what_both_prompts_hold_in_the_new_prompts_order():
-    """``RecentPrompts.runs`` against the blocks a prompt was made of: a block kept, moved or
-    shifted by an insertion is found whole, from where the last prompt had it; new tokens and
-    runs shorter than the minimum are not."""
-    from codekv.serve.recent import RecentPrompts
-
-    class Kv:
-        def nbytes(self):
-            return 0
-
-    rng = torch.Generator().manual_seed(0)
-
-    def block(n):
-        return torch.randint(0, 50, (n,), generator=rng).tolist()
-
-    a, b, c, new, short = block(40), block(30), block(25), block(12), block(5)
-    recent = RecentPrompts(None, 1 << 20, min_tokens=8)
-    recent.remember("s", a + b + short + c, Kv())
-    ids = new + c + a + short + b
-    runs = recent.runs("s", ids, 0)
-    for start, end, source in runs:
-        assert ids[start:end] == (a + b + short + c)[source:source + end - start]
-        assert end - start >= 8
-    assert [r.start for r in runs] == sorted(r.start for r in runs)
-    covered = {i for r in runs for i in range(r.start, r.end)}
-    for first, length, source in ((12, 25, 75), (37, 40, 0), (82, 30, 40)):  # c, a, b
-        assert set(range(first, first + length)) <= covered
-        assert any(r.start <= first < r.end and r.source + first - r.start == source
-                   for r in runs)
-    assert not covered & set(range(12))  # the new block: no 8 of its tokens are elsewhere
-    assert recent.runs("other", ids, 0) == []  # another scope has no last prompt

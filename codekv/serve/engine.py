@@ -6,14 +6,13 @@ three parts, each counted apart:
 
 1. the exact prefix: the longest common token prefix with a recent prompt of the same scope
    (``codekv.serve.prefix``), its KV used as it is;
-2. after it, up to the last span reused: runs of tokens the scope's last prompt holds too
-   (``codekv.serve.recent``, computed in place there), and segments whose KV the chunk store
-   holds (computed alone), are composed (re-positioned, a share of their tokens recomputed by
-   the rule) where the gate licenses that source (or every class with ``experimental``): the
-   last prompt's by the agent-session evidence for the prompt's languages, the store's by the
-   workload of each segment's kind; a run wins over a stored segment it overlaps; every other
-   token there (a changed span, new or unlicensed segments) is computed in place, against the
-   whole context, exactly as a full prefill would;
+2. after it, up to the last segment reused: segments whose KV the scope's last prompt
+   (``codekv.serve.recent``, computed in place there) or else the chunk store (computed alone)
+   holds are composed (re-positioned, a share of their tokens recomputed by the rule) where the
+   gate licenses their class from that source (or every class with ``experimental``): the
+   last prompt's by the agent-session evidence, the store's by the workload of their kind;
+   every other token there (message headers, new or unlicensed segments) is computed in place,
+   against the whole context, exactly as a full prefill would;
 3. the rest is prefilled after it.
 
 New segments of a licensed class are stored for next time (computed after what their key says)
@@ -194,6 +193,7 @@ class Served:
     (``Pipeline.done``)."""
 
     ids: list[int]
+    segments: list[seg.Segment]
     state: object
     outcome: Outcome
     pending: list  # (piece, after, after_kv): segments to store once the reply is out
@@ -236,7 +236,7 @@ class Pipeline:
         self.reuse = reuse
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
                       if reuse == SHIFT_ONLY else None)
-        self.recent = (RecentPrompts(backend, self.prefix.budget_bytes, min_segment_tokens)
+        self.recent = (RecentPrompts(backend, self.prefix.budget_bytes)
                        if reuse == COMPOSE and LAST_PROMPT in self.sources
                        and self.prompts.supports_last_prompt else None)
         self._chunk_caches: dict[str, ChunkCache] = {}
@@ -258,15 +258,11 @@ class Pipeline:
                                  self.known_code, self.split_code)
         segments = seg.token_segments(spans, offsets, ids, self.min_segment_tokens)
         system_tokens = sum(1 for _, end in offsets if end <= prompt.system_end)
-        # The request: the last message and what follows it (a reply begun), never taken from
-        # the last prompt (segments of it may still come from the store: code pasted into it).
-        begins = prompt.text.rfind(prompt.contents[-1]) if prompt.contents else 0
-        request = sum(1 for start, _ in offsets if start < begins)
         outcome = Outcome(prompt_tokens=len(ids))
-        state, pending = self._prefill(scope, ids, segments, system_tokens, request, outcome)
+        state, pending = self._prefill(scope, ids, segments, system_tokens, outcome)
         outcome.ttft_s = time.perf_counter() - started
         outcome.store_error = self.store.error
-        return Served(ids, state, outcome, pending)
+        return Served(ids, segments, state, outcome, pending)
 
     def done(self, scope: str, served: Served) -> None:
         """Once the reply is out: the new segments stored, the prompt kept as the scope's last
@@ -278,7 +274,8 @@ class Pipeline:
             ids = served.ids
             # The exact-prefix cache holds the whole prompt when it was exact: no second copy.
             kept = self.prefix.holding(scope, ids)
-            self.recent.remember(scope, ids, self.backend.head(kept, len(ids)) if kept is not None
+            self.recent.remember(scope, ids, [(s.start, s.end) for s in served.segments],
+                                 self.backend.head(kept, len(ids)) if kept is not None
                                  else self.backend.state_kv(served.state, len(ids)))
 
     def _chunks(self, scope: str) -> ChunkCache:
@@ -287,22 +284,22 @@ class Pipeline:
             self._chunk_caches[scope] = ChunkCache(self.backend, self.store, scope)
         return self._chunk_caches[scope]
 
-    def _verdict(self, segment: seg.Segment, prompt_tokens: int):
-        """The gate's verdict on a stored segment's class, for this model, the segment's
-        language and the prompt's length."""
+    def _verdict(self, segment: seg.Segment, prompt_tokens: int, source: str = STORE):
+        """The gate's verdict on a segment's class whose KV came from ``source``, for this
+        model, the segment's language and the prompt's length."""
         return licence(self.gate, self.backend.info, segment.kind,
-                       frozenset([segment.language] if segment.language else []), prompt_tokens)
+                       frozenset([segment.language] if segment.language else []), prompt_tokens,
+                       source)
 
-    def _allowed(self, segment: seg.Segment, prompt_tokens: int) -> bool:
-        """Whether the segment's KV may be reused from the store: one this pipeline reads,
+    def _allowed(self, segment: seg.Segment, prompt_tokens: int, source: str) -> bool:
+        """Whether the segment's KV may be reused from ``source``: one this pipeline reads,
         licensed (or ``experimental``)."""
-        return STORE in self.sources and (
-            self.experimental or self._verdict(segment, prompt_tokens).allowed)
+        return source in self.sources and (
+            self.experimental or self._verdict(segment, prompt_tokens, source).allowed)
 
     def _prefill(self, scope: str, ids: list[int], segments: list[seg.Segment],
-                 system_tokens: int, request: int, outcome: Outcome):
-        """The request state of ``ids`` and the segments to store after the reply; the tokens
-        from ``request`` on (the last message's) are never taken from the last prompt."""
+                 system_tokens: int, outcome: Outcome):
+        """The request state of ``ids`` and the segments to store after the reply."""
         backend = self.backend
         if self.slots is not None:
             return self.slots.prefill(scope, ids, outcome), []
@@ -312,14 +309,13 @@ class Pipeline:
         if n <= len(backend.leading_ids):  # a BOS alone is no shared prefix
             n = 0
         chunks = self._chunks(scope)
+        again = self._again(scope, ids, n)
+        candidates = [s for s in segments if s.start >= (again.end if again else n)]
+        outcome.segments = len(candidates) + (again is not None)
         refusals: dict[str, str] = {}
         if backend.info.unsupported and self.reuse == COMPOSE:
             refusals = {"model": f"unsupported: {backend.info.unsupported}"}
         reusing = self.reuse == COMPOSE and not backend.info.unsupported
-        languages = frozenset(s.language for s in segments if s.language)
-        runs = self._runs(scope, ids[:request], n, len(ids), languages,
-                          refusals) if reusing else []
-        candidates = [s for s in segments if s.start >= n]
 
         def after(segment: seg.Segment) -> list[int]:
             return ids[:system_tokens] if segment.start >= system_tokens else []
@@ -328,28 +324,37 @@ class Pipeline:
             return RequestPiece(ids[segment.start:segment.end], segment.identity, segment.kind,
                                 None, [], {"kind": segment.kind, "source": "serve"})
 
-        def covered(segment: seg.Segment) -> bool:  # by a run from the last prompt
-            return any(r.start < segment.end and segment.start < r.end for r, *_ in runs)
+        def verdict(segment: seg.Segment, source: str, found: bool = True):
+            return (self._verdict(segment, len(ids), source)
+                    if found and source in self.sources else None)
 
-        hits = list(runs)
-        pending, misses = [], []
+        hits, pending, misses = [], [], []
         storing = False  # some segment was looked up in the store
-        for segment in candidates if reusing and STORE in self.sources else []:
-            stored = self._verdict(segment, len(ids))
-            if not (stored.allowed or self.experimental):
-                refusals.setdefault(segment.kind, stored.reason)
-                continue
-            storing = True
+        if again is not None:
+            hits.append((again, self._verdict(again, len(ids), LAST_PROMPT), None,
+                         self.recent.span(scope, again.start, again.end)))
+        for segment in candidates if reusing else []:
             p = piece(segment)
-            in_store = self.store.contains(chunks.key(p, after(segment)))
-            if in_store and not covered(segment):
+            earlier = self.recent.find(scope, p.ids) if self.recent is not None else None
+            last = verdict(segment, LAST_PROMPT, earlier is not None)
+            stored = verdict(segment, STORE)
+            from_last = last is not None and (last.allowed or self.experimental)
+            to_store = stored is not None and (stored.allowed or self.experimental)
+            if not (from_last or to_store):
+                refused = last if last is not None else stored
+                if refused is not None:
+                    refusals.setdefault(segment.kind, refused.reason)
+                continue
+            storing |= to_store
+            in_store = to_store and self.store.contains(chunks.key(p, after(segment)))
+            if from_last:
+                hits.append((segment, last, p, earlier))
+            elif in_store:
                 hits.append((segment, stored, p, None))
-            if not in_store:  # for other scopes' prompts, and this one's later
+            if to_store and not in_store:  # for other scopes' prompts, and this one's later
                 pending.append((p, after(segment)))
-                if not covered(segment):
+                if not from_last:
                     misses.append((segment, p))
-        hits.sort(key=lambda hit: hit[0].start)
-        outcome.segments = len(runs) + sum(not covered(s) for s in candidates)
         if not backend.info.unsupported and self.reuse == COMPOSE:
             pending += self._lost_in_prefix(chunks, segments, n, len(ids), piece, after)
         if storing and self.store.error:  # its lookups failed: every segment was a miss
@@ -391,27 +396,18 @@ class Pipeline:
             len(p.ids) + (len(after) if kv is None else 0) for p, after, kv in pending)
         return state, pending
 
-    def _runs(self, scope: str, before: list[int], n: int, prompt_tokens: int,
-              languages: frozenset[str], refusals: dict[str, str]) -> list[tuple]:
-        """The runs of the prompt's tokens ``before`` its request, past the exact prefix ``n``,
-        that the scope's last prompt holds too, as hits (segment, verdict, no piece, their KV
-        there), where the gate licenses the last prompt's class for the prompt's ``languages``
-        (else none, the refusal noted). The request (the last message, and a reply begun) is
-        computed in place, as the evidence's questions were: its KV in the last prompt followed
-        another request, and the query-aware rules read its attention."""
-        if self.recent is None or LAST_PROMPT not in self.sources:
-            return []
-        found = self.recent.runs(scope, before[:prompt_tokens - 1], n)
-        if not found:
-            return []
-        verdict = licence(self.gate, self.backend.info, ChunkKind.PASSAGE, languages,
-                          prompt_tokens, LAST_PROMPT)
-        if not (verdict.allowed or self.experimental):
-            refusals[LAST_PROMPT] = verdict.reason
-            return []
-        return [(seg.Segment(run.start, run.end, ChunkKind.PASSAGE, LAST_PROMPT), verdict, None,
-                 self.recent.span(scope, run.source, run.source + run.end - run.start))
-                for run in found]
+    def _again(self, scope: str, ids: list[int], n: int) -> seg.Segment | None:
+        """The prompt's common prefix with the scope's last prompt past the exact prefix ``n``,
+        as one segment reused in place (where that prompt was composed, its KV past its first
+        reused segment is not exact, so the exact-prefix cache does not keep it), where the
+        last prompt's class is licensed; None when shorter than a segment's minimum."""
+        if self.recent is None or self.backend.info.unsupported:
+            return None
+        end = min(self.recent.common(scope, ids), len(ids) - 1)
+        if end - n < self.min_segment_tokens:
+            return None
+        again = seg.Segment(n, end, ChunkKind.PASSAGE, "last-prompt")
+        return again if self._allowed(again, len(ids), LAST_PROMPT) else None
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it
@@ -426,7 +422,9 @@ class Pipeline:
         for segment in segments:
             if segment.start < n < segment.end:
                 short = n - segment.start < self.min_segment_tokens
-                return segment.start if short and self._allowed(segment, prompt_tokens) else n
+                licensed = any(self._allowed(segment, prompt_tokens, source)
+                               for source in self.sources)
+                return segment.start if short and licensed else n
         return n
 
     def _kept_part(self, scope: str, ids: list[int]):
@@ -443,7 +441,7 @@ class Pipeline:
         the store fails (a miss then says nothing, and storing would fail too)."""
         lost = []
         for segment in segments:
-            if segment.start >= n or not self._allowed(segment, prompt_tokens):
+            if segment.start >= n or not self._allowed(segment, prompt_tokens, STORE):
                 continue
             p = piece(segment)
             if not self.store.contains(chunks.key(p, after(segment))):
