@@ -40,14 +40,24 @@ else
 LLAMACPP_CMAKE :=
 LLAMACPP_BUILD := native
 endif
-LLAMACPP_WHEELS := $(HOME)/.cache/codekv-build/llama-cpp-python-$(LLAMACPP_VERSION)-$(LLAMACPP_BUILD)
+# One patch to its vendored llama.cpp: a batch may recompute scattered positions of a sequence
+# in one decode (codekv.backends.llamacpp; without it, one decode per run of positions).
+LLAMACPP_PATCH := patches/llama.cpp-scattered-positions.patch
+LLAMACPP_WHEELS := $(HOME)/.cache/codekv-build/llama-cpp-python-$(LLAMACPP_VERSION)-$(LLAMACPP_BUILD)-scattered
 
 # Its own step: the first build compiles llama.cpp (10-20 minutes on 2 cores), and a failure
 # here does not redo the rest of the setup.
-$(LLAMACPP): $(BIN)/codekv
-	ls $(LLAMACPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+$(LLAMACPP): $(BIN)/codekv $(LLAMACPP_PATCH)
+	ls $(LLAMACPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
+		src=$$(mktemp -d) && \
+		$(BIN)/pip download -q --no-binary :all: --no-deps -d $$src \
+			llama-cpp-python==$(LLAMACPP_VERSION) && \
+		tar xzf $$src/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz -C $$src && \
+		git -C $$src/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp apply \
+			$(CURDIR)/$(LLAMACPP_PATCH) && \
 		CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(BIN)/pip wheel -q --no-cache-dir --no-deps \
-		-w $(LLAMACPP_WHEELS) llama-cpp-python==$(LLAMACPP_VERSION)
+			-w $(LLAMACPP_WHEELS) $$src/llama_cpp_python-$(LLAMACPP_VERSION) && \
+		rm -rf $$src; }
 	$(BIN)/pip install -q --force-reinstall --no-deps $(LLAMACPP_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/pip install -q -e '.[llamacpp]'
 	touch $@

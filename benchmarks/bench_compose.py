@@ -14,7 +14,9 @@ of each method: the share of its CPU time spent in the attention kernel. With se
 engines, each context is measured on each engine in turn (the same chunks; each engine's own
 tokenizer and full prefill), so their ratios are taken side by side. ``--probe-cost`` (llama.cpp)
 times what reading the query's attention through the eval callback costs, side by side with
-the same work done without it.
+the same work done without it. ``--per-run`` (llama.cpp, the patched build) times each
+strategy a second time with one decode per run of recomputed positions, as a stock build
+does, beside its one-batch recompute.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def main() -> int:
     parser.add_argument("--probe-cost", action="store_true",
                         help="llama.cpp: the query probe's cost against the same decode without "
                              "the eval callback")
+    parser.add_argument("--per-run", action="store_true",
+                        help="llama.cpp: also recompute one decode per run of positions (a "
+                             "stock build's way), beside the one-batch recompute")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ["CODEKV_LLAMA_THREADS"] = str(args.threads)  # read when llama.cpp loads
@@ -132,15 +137,26 @@ def measure(backend, index, chunks, args) -> None:
         full_times.append(full.report.ttft_s)
         reference = full.next_token_logits()
     full_s = statistics.median(full_times)
-    for name in args.strategies:
-        times = []
-        for _ in range(args.repeats):
-            # A fresh store object each time: entries are read from disk, not memory.
-            composer.chunks.store = LocalKVStore(store_dir)
-            result = composer.compose(chunks, query, strategy=name, ratio=args.ratio)
-            assert result.report.chunk_misses == 0, "store should be warm"
-            times.append(result.report.ttft_s)
-        results[name] = (statistics.median(times), result)
+    ways = [""]
+    if args.per_run and getattr(backend, "scattered_batches", False):
+        ways.append(" per run")
+    scatter = getattr(backend, "_scatter", None)
+    for suffix in ways:
+        if suffix:
+            backend._scatter = None  # one decode per run, as a stock build recomputes
+        for name in args.strategies:
+            if suffix and name == "none":
+                continue  # nothing recomputed
+            times = []
+            for _ in range(args.repeats):
+                # A fresh store object each time: entries are read from disk, not memory.
+                composer.chunks.store = LocalKVStore(store_dir)
+                result = composer.compose(chunks, query, strategy=name, ratio=args.ratio)
+                assert result.report.chunk_misses == 0, "store should be warm"
+                times.append(result.report.ttft_s)
+            results[name + suffix] = (statistics.median(times), result)
+    if len(ways) > 1:
+        backend._scatter = scatter
     if args.profile:
         print("  attention kernel (torch.profiler, one run each): seconds, share of CPU time")
         for name in ["full", *args.strategies]:
@@ -154,15 +170,15 @@ def measure(backend, index, chunks, args) -> None:
     n_tokens = full.report.context_tokens
     print(f"\n{backend.info.engine}: context {n_tokens} tokens in {len(chunks)} chunks "
           f"(store filled in {fill_s:.1f} s), load average {os.getloadavg()[0]:.1f}")
-    print(f"  {'method':<12} {'ttft_s':>8} {'speedup':>8} {'recompute':>10} {'attention':>10} "
+    print(f"  {'method':<20} {'ttft_s':>8} {'speedup':>8} {'recompute':>10} {'attention':>10} "
           f"{'KL':>8} {'top1':>5}  phases")
-    print(f"  {'full':<12} {full_s:8.2f} {1.0:8.1f}x {'100%':>10} {'100%':>10} {0.0:8.4f} "
+    print(f"  {'full':<20} {full_s:8.2f} {1.0:8.1f}x {'100%':>10} {'100%':>10} {0.0:8.4f} "
           f"{'yes':>5}")
     for name, (ttft, result) in results.items():
         report = result.report
         logits = result.next_token_logits()
         agree = "yes" if int(reference.argmax()) == int(logits.argmax()) else "no"
-        print(f"  {name:<12} {ttft:8.2f} {full_s / ttft:8.1f}x "
+        print(f"  {name:<20} {ttft:8.2f} {full_s / ttft:8.1f}x "
               f"{report.recompute_ratio:10.1%} {report.recompute_attention:10.1%} "
               f"{kl(reference, logits):8.4f} "
               f"{agree:>5}  {report.timings}")

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from fixtures.compose import B2, PREFIX, QUERY, A, B, C
 from fixtures.evidence import covering
 from fixtures.llamacpp import SAME_BATCHES, check_all, kl, max_diff
-from fixtures.needs import gguf, require
+from fixtures.needs import gguf, missing, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
@@ -478,6 +478,38 @@ def test_eval_on_llama_cpp_refuses_what_it_cannot_run_and_keys_the_gate(tiny_ggu
     assert (entry["backend"], entry["family"], entry["workload"]) == ("llama.cpp", "llama", "rag")
     assert not SupportGate([entry], "eval").verdict("llama", "rag").allowed  # not transformers
 
+
+
+@pytest.mark.parametrize("n_batch", [512, 8])
+def test_one_batch_recompute_equals_one_decode_per_run(tiny_gguf, n_batch):
+    """Scattered positions recomputed in place in one batch (the patched build) give what one
+    decode per run gives, the query's logits and every position's KV after it; in batches of 8
+    too, each batch seeing the fresh cells of those before it."""
+    one = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32", n_batch=n_batch)
+    if not one.scattered_batches:
+        missing("this llama-cpp-python is a stock build (make setup applies "
+                "patches/llama.cpp-scattered-positions.patch)")
+    runs = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32", n_batch=n_batch,
+                           scattered_batches=False)
+    assert not runs.scattered_batches
+    texts = [A.text, C.text, B.text]
+    outputs = []
+    for backend in (one, runs):
+        ids, parts = [], []
+        for text in texts:
+            piece = backend.tokenize(text)
+            parts.append(backend.reposition(backend.prefill_chunk(piece), len(ids)))
+            ids += piece
+        selected = [0, 3, *range(7, 12), 20, *range(len(ids) - 30, len(ids) - 5, 2)]
+        query = backend.tokenize(QUERY)
+        state = backend.recompute(ids, parts, selected, query)
+        after = backend.extend(state, query[:4])  # reads every cell, fresh and reused
+        outputs.append((state.logits, after, backend.recompute(ids, parts, [], query).logits))
+    (logits, after, reused), (logits_runs, after_runs, _) = outputs
+    assert max_diff(logits, logits_runs) <= SAME_BATCHES
+    assert max_diff(after, after_runs) <= SAME_BATCHES
+    # ... where recomputing them moved the logits: the check is not blind.
+    assert max_diff(logits, reused) > 10 * SAME_BATCHES
 
 
 def test_a_states_prefix_continued_matches_the_same_batches(tiny_llama):

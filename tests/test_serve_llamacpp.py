@@ -249,16 +249,44 @@ def test_kept_cells_stay_within_the_budget(tiny_engine):
     assert served(engine, PROMPTS[0]).exact_prefix_tokens == 0
 
 
-def test_the_prompt_cache_keeps_sequences_and_cuts_no_spans(tiny_engine):
-    """llama.cpp's prompt cache says what it can do: its kept cells are no spans, so the
-    server takes no segment from the last prompt and refuses shift-only reuse."""
+def test_the_prompt_cache_keeps_sequences_and_the_last_prompt_but_shifts_no_spans(tiny_engine):
+    """llama.cpp's prompt cache says what it can do: the scope's last prompt is saved as a
+    state its segments are cut from, but kept cells cannot be shifted in place, so the server
+    refuses shift-only reuse."""
     from codekv.serve.prompt_cache import KeptSequences
 
     engine = tiny_engine()
-    assert isinstance(engine.prompts, KeptSequences) and engine.recent is None
-    assert not (engine.prompts.supports_last_prompt or engine.prompts.supports_shift)
+    assert isinstance(engine.prompts, KeptSequences) and engine.recent is not None
+    assert engine.prompts.supports_last_prompt and not engine.prompts.supports_shift
     with pytest.raises(ValueError, match="shift-only reuse shifts spans"):
         tiny_engine(reuse="shift-only")
+
+
+def test_segments_moved_by_a_new_turn_come_from_the_last_prompt(tiny_engine):
+    """A turn written before the note and the file it re-sends: both are cut from the last
+    prompt's state and moved. With every token recomputed the continuation scores as full
+    prefill's (within llama.cpp's batch-split floor); with none, as the last prompt computed
+    them, which is not what the store's KV (computed alone) gives."""
+    from fixtures.turns import FILE, NOTE, QUESTION, SYSTEM, TURN, served
+
+    first, second = (SYSTEM, NOTE, FILE, QUESTION), (SYSTEM, TURN, FILE, NOTE, QUESTION)
+    scores = {}
+    for name, options in {"all": {"strategy": "all"}, "none": {"strategy": "none"},
+                          "store": {"strategy": "none", "sources": ("store",)},
+                          "full": {"reuse": "exact-only"}}.items():
+        engine = tiny_engine(store=name, experimental=True, min_segment_tokens=8, **options)
+        served(engine, "agent", first)
+        outcome = served(engine, "agent", second)
+        scores[name] = outcome.continuation_nll
+        if name in ("all", "none"):
+            assert outcome.status == "composed" and outcome.segments_from_last_prompt == 2
+            assert outcome.reused_tokens > 0 or name == "all"
+        elif name == "store":
+            assert outcome.segments_from_last_prompt == 0
+        else:  # the system message's cells kept from the first prompt: exact
+            assert outcome.status == "exact-prefix"
+    assert scores["all"] == pytest.approx(scores["full"], abs=1e-3)
+    assert max(abs(a - b) for a, b in zip(scores["none"], scores["store"], strict=True)) > 1e-3
 
 
 def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_path,

@@ -8,45 +8,7 @@ import threading
 
 import pytest
 import torch
-
-SYSTEM = "You answer questions about the notes below.\n\n"
-NOTE = "The quick brown fox jumps over the lazy dog near the river bank, twice a day.\n\n"
-FILE = "def area(width, height):\n    return width * height  # the surface, in square units\n\n"
-TURN = "Earlier you said the fox was red; the dog did not move at all that morning.\n\n"
-QUESTION = "What does area return?"
-REPLY = " width times height"
-
-
-def prompt(*parts: str):
-    """The parts as one prompt, each a message's content but the last (the question, which
-    is never reused)."""
-    from codekv.serve.engine import Prompt
-
-    return Prompt("".join(parts), list(parts[:-1]))
-
-
-def served(engine, scope: str, parts: tuple[str, ...], continuation: str = REPLY):
-    """The outcome of ``parts`` as a completion on ``engine``, the continuation forced and
-    scored."""
-    from codekv.serve.engine import Failed, Final, Job, Sampling
-
-    events, done = [], threading.Event()
-
-    def emit(event):
-        events.append(event)
-        if isinstance(event, Final | Failed):
-            done.set()
-
-    engine.submit(Job(scope, lambda: prompt(*parts), Sampling(max_tokens=64, temperature=0),
-                      emit, chat=False, continuation=continuation))
-    assert done.wait(60)
-    assert isinstance(events[-1], Final), events[-1]
-    while engine.busy:  # the last prompt is kept once the reply is out
-        threading.Event().wait(0.01)
-    outcome = events[0].outcome
-    parts_ = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
-    assert sum(getattr(outcome, p) for p in parts_) == outcome.prompt_tokens
-    return outcome
+from fixtures.turns import FILE, NOTE, QUESTION, REPLY, SYSTEM, TURN, prompt, served
 
 
 @pytest.fixture

@@ -8,10 +8,15 @@ KV cache type by the model fingerprint. A request is built in sequence 0 of one 
 - each chunk's state is restored into scratch sequence 1 (at the positions it was saved at),
   shifted to its offset (``llama_memory_seq_add``; the RoPE K-shift runs at the next decode),
   shared into sequence 0 (``seq_cp``) and dropped from 1;
-- a batch must continue its sequence, so a contiguous run of selected tokens at p..p+k-1 is
-  recomputed in scratch sequence 2 holding sequence 0's cells [0, p): the run's old cells are
-  removed from 0, the run is decoded in 2 and its fresh cells are shared back into 0. Runs are
-  done in request order, so each sees the fresh KV of the runs before it;
+- selected tokens are recomputed in place: their old cells are removed from sequence 0 and
+  they are decoded there at their own positions, in one batch (of ``n_batch``) for all of
+  them, each attending to the cells at positions up to its own, fresh ones included. Stock
+  llama.cpp requires a batch to continue its sequence; the setup's build carries a patch
+  (``patches/llama.cpp-scattered-positions.patch``) that lifts that check while a request is
+  recomputed (``scattered_batches``). Without it a contiguous run of selected tokens at
+  p..p+k-1 is recomputed in scratch sequence 2 holding sequence 0's cells [0, p) and its fresh
+  cells are shared back into 0, one decode per run, in request order: the same KV, from
+  many small decodes;
 - the query is decoded at the end of sequence 0.
 
 A server keeps recent prompts in sequences of their own (``keep_sequences``, from 3 on), as
@@ -133,6 +138,18 @@ class KeptPrefix:
         return 0  # the cells belong to the kept sequence; the context's memory holds them
 
 
+@dataclass(frozen=True)
+class Gap:
+    """Positions ``start``.. that hold no cells until the request recomputes them in place
+    (the patched build's placeholder: nothing is computed for it first)."""
+
+    n_tokens: int
+    start: int
+
+    def nbytes(self) -> int:
+        return 0
+
+
 @dataclass
 class LlamaRequest:
     """A request in sequence 0 of the backend's context; ``logits`` predict the next token."""
@@ -155,10 +172,10 @@ class LlamaCppBackend:
     deviation_refusal = DEVIATION_REFUSAL
     relevance_refusal = None  # read through the eval callback of a probe context
     unshifted_refusal = UNSHIFTED_REFUSAL
-    free_placeholders = False  # a request is built from restored cells: each costs a prefill
 
     def __init__(self, gguf: str | Path, n_ctx: int | None = None, kv_type: str = "f16",
-                 n_threads: int | None = None, n_batch: int = 512, gguf_digest: str | None = None):
+                 n_threads: int | None = None, n_batch: int = 512, gguf_digest: str | None = None,
+                 scattered_batches: bool = True):
         if kv_type not in KV_TYPES:
             raise ValueError(f"unknown KV cache type {kv_type!r}; choose from "
                              + ", ".join(KV_TYPES))
@@ -189,6 +206,9 @@ class LlamaCppBackend:
         self._probe_ctx = self._reader = None  # made by the first query_relevance
         self._batch = L.llama_batch_init(n_batch, 0, 1)
         self._ticket = 0  # bumped whenever sequence 0 is given to another request
+        # The patched build's switch for batches at scattered positions (None: a stock build,
+        # or ``scattered_batches`` off: one decode per run, as a benchmark compares).
+        self._scatter = _scatter_switch(L) if scattered_batches else None
         self._ends: frozenset[int] | None = None  # end-of-generation tokens, found on first use
         digest = gguf_digest or file_digest(self.path)
         self.engine_version = (f"llama-cpp-python {L.__version__}, "
@@ -264,6 +284,19 @@ class LlamaCppBackend:
         if not L.llama_memory_can_shift(self._mem):
             return f"llama.cpp cannot shift positions of {family} KV (no RoPE K-shift)"
         return None
+
+    @property
+    def scattered_batches(self) -> bool:
+        """Whether selected positions are recomputed in one batch (the patched build), not one
+        decode per run of them."""
+        return self._scatter is not None
+
+    @property
+    def free_placeholders(self) -> bool:
+        """Whether text recomputed in place needs no cells first (a ``Gap``): with scattered
+        batches, on a model without a sliding window (whose probe maps cells to positions by
+        the window). Else a placeholder is the text computed alone: a prefill each."""
+        return self._scatter is not None and not self._windowed
 
     # -- tokens --------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -430,8 +463,9 @@ class LlamaCppBackend:
         """Empty kept sequence ``seq``: cells no other sequence shares are free again."""
         self._L.llama_memory_seq_rm(self._mem, self._kept(seq), -1, -1)
 
-    def _kept_state(self, part: KeptPrefix) -> SequenceState:
-        """A kept prefix saved as a sequence state (for the probe, another context)."""
+    def kept_state(self, part: KeptPrefix) -> SequenceState:
+        """A kept prefix saved as a sequence state of its own (for the probe, another context,
+        or to outlive its kept sequence)."""
         L, mem = self._L, self._mem
         L.llama_memory_seq_cp(mem, self._kept(part.seq), CHUNK, 0, part.n_tokens)
         try:
@@ -455,13 +489,15 @@ class LlamaCppBackend:
                                "on the same backend (one context holds one request)")
 
     def _decode(self, token_ids: list[int], start: int, seq: int, logits: str = "last",
-                ctx=None) -> torch.Tensor | None:
-        """Decode tokens at positions ``start``.. of ``seq`` in batches of ``n_batch``;
-        logits of the last token (``"last"``), of every token (``"all"``) or none. In the
-        request context unless ``ctx`` (the probe's) is given."""
+                ctx=None, positions: Sequence[int] | None = None) -> torch.Tensor | None:
+        """Decode tokens at positions ``start``.. (or at ``positions``) of ``seq`` in batches
+        of ``n_batch``; logits of the last token (``"last"``), of every token (``"all"``) or
+        none. In the request context unless ``ctx`` (the probe's) is given."""
         L, batch, ctx = self._L, self._batch, ctx or self._ctx
-        if start + len(token_ids) > self.n_ctx:
-            raise ValueError(f"positions up to {start + len(token_ids)} exceed the llama.cpp "
+        if positions is None:
+            positions = range(start, start + len(token_ids))
+        if positions and positions[-1] >= self.n_ctx:
+            raise ValueError(f"positions up to {positions[-1] + 1} exceed the llama.cpp "
                              f"context of {self.n_ctx}")
         rows = []
         for first in range(0, len(token_ids), self.n_batch):
@@ -470,7 +506,7 @@ class LlamaCppBackend:
             batch.n_tokens = len(part)
             for i, token in enumerate(part):
                 batch.token[i] = token
-                batch.pos[i] = start + first + i
+                batch.pos[i] = positions[first + i]
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = logits == "all" or (logits == "last" and last_part
@@ -478,7 +514,7 @@ class LlamaCppBackend:
             code = L.llama_decode(ctx, batch)
             if code != 0:
                 raise RuntimeError(f"llama_decode failed ({code}) at positions "
-                                   f"{start + first}..{start + first + len(part) - 1}")
+                                   f"{positions[first]}..{positions[first + len(part) - 1]}")
             if logits == "all":
                 rows.append(self._logits(len(part)))
         if logits == "all":
@@ -562,13 +598,15 @@ class LlamaCppBackend:
         finally:
             L.llama_memory_seq_rm(mem, REQUEST, -1, -1)
 
-    def placeholder(self, token_ids: list[int], start: int) -> SequenceState:
-        """The state standing at ``start``.. for context tokens the request recomputes in
-        place: the tokens computed alone. A request is built from restored cells, so even
-        tokens decoded again must have some (transformers needs none: zeros there)."""
+    def placeholder(self, token_ids: list[int], start: int) -> SequenceState | Gap:
+        """What stands at ``start``.. for context tokens the request recomputes in place: no
+        cells (``Gap``) where placeholders are free, else the tokens computed alone (a
+        request decoded one run at a time continues from cells there)."""
+        if self.free_placeholders:
+            return Gap(len(token_ids), start)
         return self.reposition(self.prefill_chunk(token_ids), start)
 
-    def reposition(self, kv: SequenceState, start: int) -> SequenceState:
+    def reposition(self, kv: SequenceState | Gap, start: int) -> SequenceState | Gap:
         """Record the move; the engine shifts the cells (RoPE K-shift) when they are placed."""
         return replace(kv, start=start)
 
@@ -630,16 +668,25 @@ class LlamaCppBackend:
                              f"{self.n_ctx}")
         ctx, reader = self._probe()
         mem = self._L.llama_get_memory(ctx)
-        # From an empty cache each restored state takes the next free cells in order, so cell
-        # i holds position i; the reader checks that layout in the mask before trusting it.
+        # From an empty cache each restored state takes the next free cells in order, so the
+        # cells hold the positions parts cover, in order (gaps have none: the query sees no
+        # text there, as transformers hides placeholders); the reader checks that layout in
+        # the mask before trusting it.
         self._L.llama_memory_clear(mem, False)
         self._place(context, ctx, mem)
-        reader.arm(layers, n)
+        covered = [p for part in context if not isinstance(part, Gap)
+                   for p in range(part.start, part.start + part.n_tokens)]
+        reader.arm(layers, len(covered))
         try:
             self._decode(list(query_ids), n, REQUEST, logits="none", ctx=ctx)
         finally:
             reader.disarm()
-        return reader.relevance(q)
+        relevance = reader.relevance(q)
+        if len(covered) == n:
+            return relevance
+        out = torch.zeros(n, dtype=relevance.dtype)
+        out[torch.as_tensor(covered, dtype=torch.long)] = relevance
+        return out
 
     def _probe(self):
         """The probe context and its attention reader (the reader holds the callback)."""
@@ -657,12 +704,14 @@ class LlamaCppBackend:
         into sequence 0 as they are (in the probe context: saved and restored)."""
         L = self._L
         for part in context:
+            if isinstance(part, Gap):
+                continue  # no cells until recomputed in place
             if isinstance(part, KeptPrefix):
                 if ctx is self._ctx:  # its cells are here: shared, not copied
                     L.llama_memory_seq_cp(mem, self._kept(part.seq), REQUEST, 0, part.n_tokens)
                     self._pin(REQUEST, 0, part.n_tokens, mem)
                     continue
-                part = self._kept_state(part)
+                part = self.kept_state(part)
             self._restore(part, CHUNK, ctx)
             if part.start != part.saved_at:
                 L.llama_memory_seq_add(mem, CHUNK, -1, -1, part.start - part.saved_at)
@@ -704,11 +753,19 @@ class LlamaCppBackend:
         selected = sorted(set(selected))
         if not query_ids and (not selected or selected[-1] != n - 1):
             selected.append(n - 1)  # its output is the next-token prediction
+        gaps = {p for part in context if isinstance(part, Gap)
+                for p in range(part.start, part.start + part.n_tokens)}
+        if gaps and (self._scatter is None or not gaps <= set(selected)):
+            raise ValueError("a gap's positions are recomputed in place, in scattered batches")
         ticket = self._take_context()
         runs = _runs(selected)
         cuts = self._reused_batches(context, runs)
         self._place(context, self._ctx, mem)
         logits = None
+        if self._scatter is not None and runs:
+            logits = self._recompute_in_place(context_ids, selected, runs, not query_ids)
+            cuts += [cut for run in runs for cut in run]
+            runs = []
         for number, (first, end) in enumerate(runs):
             cuts += [first, end]
             if first > 0:
@@ -729,6 +786,31 @@ class LlamaCppBackend:
             self._pin(REQUEST, n, n + len(query_ids))
         cuts = sorted({c for c in cuts if 0 < c < n} | ({n} if query_ids else set()))
         return LlamaRequest(list(context_ids) + list(query_ids), logits, ticket, cuts)
+
+    def _recompute_in_place(self, context_ids: list[int], selected: list[int],
+                            runs: list[tuple[int, int]], want_logits: bool
+                            ) -> torch.Tensor | None:
+        """Decode the ``selected`` positions in sequence 0 itself, their stale cells removed
+        first, in batches of ``n_batch`` at their own positions (the patched build's scattered
+        batches); each batch's cells are pinned before the next is given room."""
+        L, mem = self._L, self._mem
+        for first, end in runs:
+            L.llama_memory_seq_rm(mem, REQUEST, first, end)
+            self._unpin(first, end)
+        logits = None
+        self._scatter(True)
+        try:
+            for first in range(0, len(selected), self.n_batch):
+                part = selected[first : first + self.n_batch]
+                last = first + len(part) == len(selected)
+                # Logits only where they are read: the last position, without a query.
+                logits = self._decode([context_ids[p] for p in part], 0, REQUEST,
+                                      logits="last" if want_logits and last else "none",
+                                      positions=part)
+                self._pin(REQUEST, part[0], part[-1] + 1)
+        finally:
+            self._scatter(False)
+        return logits
 
     def _reused_batches(self, context: list[SequenceState | KeptPrefix],
                         runs: list[tuple[int, int]]) -> list[int]:
@@ -805,18 +887,28 @@ class LlamaCppBackend:
             L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
     def head(self, kv: SequenceState, n_tokens: int) -> SequenceState:
-        """``kv``'s first ``n_tokens`` cells (restored, cut and saved again: like
-        ``prefill_chunk``, this takes the context, so an earlier request state is unusable)."""
+        """``kv``'s first ``n_tokens`` cells (as ``span``)."""
         if not 0 < n_tokens <= kv.n_tokens:
             raise ValueError(f"{n_tokens} tokens of a sequence state of {kv.n_tokens}")
-        if n_tokens == kv.n_tokens:
+        return self.span(kv, 0, n_tokens)
+
+    def span(self, kv: SequenceState, start: int, end: int) -> SequenceState:
+        """Cells ``[start, end)`` of ``kv`` (counted from its first), at their positions:
+        restored, cut and saved again (like ``prefill_chunk``, this takes the context, so an
+        earlier request state is unusable)."""
+        if not 0 <= start < end <= kv.n_tokens:
+            raise ValueError(f"tokens {start}..{end} of a sequence state of {kv.n_tokens}")
+        if (start, end) == (0, kv.n_tokens):
             return kv
         self._take_context()
         L, mem = self._L, self._mem
         self._restore(kv, CHUNK)
-        L.llama_memory_seq_rm(mem, CHUNK, kv.saved_at + n_tokens, -1)
+        L.llama_memory_seq_rm(mem, CHUNK, kv.saved_at + end, -1)
+        if start:
+            L.llama_memory_seq_rm(mem, CHUNK, kv.saved_at, kv.saved_at + start)
         try:
-            return replace(self._save(CHUNK, n_tokens, kv.saved_at, alone=True), start=kv.start)
+            return replace(self._save(CHUNK, end - start, kv.saved_at + start, alone=True),
+                           start=kv.start + start)
         finally:
             L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
@@ -836,6 +928,14 @@ def threads_from_env() -> int | None:
         raise ValueError(f"{THREADS_ENV} must be a whole number from 1 to {MAX_THREADS}, "
                          f"not {text!r}")
     return int(text)
+
+
+def _scatter_switch(L):
+    """``llama_set_scattered_positions`` of the patched build, typed, or None."""
+    switch = getattr(L.llama_cpp._lib, "llama_set_scattered_positions", None)
+    if switch is not None:
+        switch.argtypes, switch.restype = [ctypes.c_bool], None
+    return switch
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:

@@ -267,16 +267,17 @@ class Pipeline:
     def done(self, scope: str, served: Served) -> None:
         """Once the reply is out: the new segments stored, the prompt kept as the scope's last
         (its state as the prefill left it: the reply's tokens are not part of it)."""
-        chunks = self._chunks(scope)
-        for piece, after, after_kv in served.pending:
-            chunks.kv(piece, after, after_kv=after_kv)
+        # The state first: storing computes segments, which on llama.cpp takes the context.
         if self.recent is not None and not self.backend.info.unsupported:
             ids = served.ids
             # The exact-prefix cache holds the whole prompt when it was exact: no second copy.
             kept = self.prefix.holding(scope, ids)
             self.recent.remember(scope, ids, [(s.start, s.end) for s in served.segments],
-                                 self.backend.head(kept, len(ids)) if kept is not None
+                                 self.prompts.own(kept, len(ids)) if kept is not None
                                  else self.backend.state_kv(served.state, len(ids)))
+        chunks = self._chunks(scope)
+        for piece, after, after_kv in served.pending:
+            chunks.kv(piece, after, after_kv=after_kv)
 
     def _chunks(self, scope: str) -> ChunkCache:
         """The scope's chunk KV cache: the keys and KV of its prompts' segments."""

@@ -12,7 +12,9 @@ the engine's name. The engine registry names each engine's class
   token prefix with a kept one (the same radix tree per scope) is placed by sharing that
   sequence's cells into the request (``llama_memory_seq_cp``): nothing is saved, restored or
   computed again. What a request keeps is shared back the same way; a kept prompt that a new
-  one extends is dropped and its sequence reused. Its cells cannot be cut out as spans.
+  one extends is dropped and its sequence reused. The scope's last prompt is saved as a
+  sequence state of its own, spans of which are cut out by restoring it (``span``); they
+  cannot be shifted in place (a cell has one position for every sequence sharing it).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class PromptCache:
         """Keep the state's first ``len(ids)`` tokens (exact KV) for later prompts."""
         raise NotImplementedError
 
+    def own(self, kept: Any, n: int) -> Any:
+        """The first ``n`` tokens of a kept prompt as KV of their own, which outlives the kept
+        prompt (the scope's last prompt, ``codekv.serve.recent``)."""
+        raise NotImplementedError
+
 
 def prompt_cache(backend, budget_bytes: int | None = None) -> PromptCache:
     """The prompt cache of ``backend``'s engine, within ``budget_bytes`` (default 2 GiB)."""
@@ -71,6 +78,9 @@ class KVPrompts(PromptCache):
         kv = self.backend.state_kv(state, len(ids))
         self.prefix.put(scope, ids, kv, kv.nbytes())
 
+    def own(self, kept: Any, n: int) -> Any:
+        return self.backend.head(kept, n)  # views of KV never written to
+
 
 @dataclass
 class Slot:
@@ -82,6 +92,8 @@ class Slot:
 class KeptSequences(PromptCache):
     """Prompts kept in sequences of a llama.cpp context with room for ``budget_bytes`` of
     cells (allocated by llama.cpp up front, so no more than the kept sequences can fill)."""
+
+    supports_last_prompt = True
 
     def __init__(self, backend, budget_bytes: int | None = None):
         from codekv.backends.llamacpp import KEPT_FIRST
@@ -104,6 +116,9 @@ class KeptSequences(PromptCache):
         from codekv.backends.llamacpp import KeptPrefix
 
         return KeptPrefix(slot.seq, n)
+
+    def own(self, slot: Slot, n: int) -> Any:
+        return self.backend.kept_state(self.part(slot, n))
 
     def keep(self, scope: str, ids: list[int], state) -> None:
         """The cache first takes the prompt (dropping those it extends), then a sequence is
