@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 
 LLAMACPP := $(VENV)/.llamacpp-0.3.36-portable
 
-.PHONY: setup demo test test-fast lint bench-index
+.PHONY: setup demo test test-fast lint bench-index bench-peer
 
 $(BIN)/codekv: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,14 +47,10 @@ LLAMACPP_WHEELS := $(HOME)/.cache/codekv-build/llama-cpp-python-$(LLAMACPP_VERSI
 
 # Its own step: the first build compiles llama.cpp (10-20 minutes on 2 cores), and a failure
 # here does not redo the rest of the setup.
-$(LLAMACPP): $(BIN)/codekv $(LLAMACPP_PATCH)
+LLAMACPP_SOURCE := patches/llama.cpp-source.sh
+$(LLAMACPP): $(BIN)/codekv $(LLAMACPP_PATCH) $(LLAMACPP_SOURCE)
 	ls $(LLAMACPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
-		src=$$(mktemp -d) && \
-		$(BIN)/pip download -q --no-binary :all: --no-deps -d $$src \
-			llama-cpp-python==$(LLAMACPP_VERSION) && \
-		tar xzf $$src/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz -C $$src && \
-		git -C $$src/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp apply \
-			$(CURDIR)/$(LLAMACPP_PATCH) && \
+		src=$$(mktemp -d) && $(LLAMACPP_SOURCE) $(BIN)/pip $(LLAMACPP_VERSION) $$src && \
 		CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(BIN)/pip wheel -q --no-cache-dir --no-deps \
 			-w $(LLAMACPP_WHEELS) $$src/llama_cpp_python-$(LLAMACPP_VERSION) && \
 		rm -rf $$src; }
@@ -63,6 +59,21 @@ $(LLAMACPP): $(BIN)/codekv $(LLAMACPP_PATCH)
 	touch $@
 
 setup: $(BIN)/codekv $(LLAMACPP)
+
+# The peer benchmarks/bench_serve.py compares with (not part of the quick start): llama-server
+# from the same vendored llama.cpp, its instruction set and patch, CPU only, no web UI.
+LLAMA_SERVER := $(HOME)/.cache/codekv-build/llama-server-$(LLAMACPP_VERSION)-$(LLAMACPP_BUILD)
+bench-peer: setup
+	test -x $(LLAMA_SERVER)/llama-server || { \
+		src=$$(mktemp -d) && $(LLAMACPP_SOURCE) $(BIN)/pip $(LLAMACPP_VERSION) $$src && \
+		cmake -S $$src/llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp -B $$src/build \
+			-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+			-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+			-DLLAMA_OPENSSL=OFF $(LLAMACPP_CMAKE) && \
+		cmake --build $$src/build --target llama-server -j$$(nproc) && \
+		mkdir -p $(LLAMA_SERVER) && cp $$src/build/bin/llama-server $(LLAMA_SERVER)/ && \
+		rm -rf $$src; }
+	@echo "the peer: $(LLAMA_SERVER)/llama-server"
 
 # Indexing needs no model runtime: the demo does not wait for llama.cpp's compile.
 demo: $(BIN)/codekv

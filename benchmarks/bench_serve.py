@@ -20,7 +20,14 @@ prefill of the rest: full prefill's KV), with a paired bootstrap 95% interval ov
 Modes: ``exact-only`` (llama-server without ``--cache-reuse``), ``shift-only`` (with it:
 the previous request's runs shifted in order, nothing recomputed), ``compose`` (codekv, the
 gate's rule: classes without evidence are computed in place) and ``compose-experimental``
-(every class reused).
+(every class reused). With ``--backend llama.cpp`` and ``--llama-server`` (the binary
+``make bench-peer`` builds from the same vendored llama.cpp), the real peer too:
+``llama-server`` (its prompt cache, one slot) and ``llama-server-reuse`` (``--cache-reuse``
+at ``--min-segment-tokens``), on the same GGUF and threads. The peer takes no forced
+continuation, so with it give ``--greedy``: every mode decodes its own greedy reply, and a
+mode's replies are compared with the reference's (full prefill's KV) call by call. Its tokens
+through the model are its ``timings.prompt_n``; its ``cache_n`` counts as exact (the plain
+peer's prefix) or reused (with ``--cache-reuse``: the prefix and the runs it shifted).
 
     python benchmarks/bench_serve.py --data DIR --manifest benchmarks/data/replay_sources.json \\
         --out benchmarks/results/serve_replay.json
@@ -53,6 +60,8 @@ MODES = {
     "compose": [],
     "compose-experimental": ["--experimental"],
 }
+# llama-server's own arguments per peer mode (``--cache-reuse`` gets --min-segment-tokens).
+PEERS = {"llama-server": [], "llama-server-reuse": ["--cache-reuse"]}
 REFERENCE = "exact-only"
 PARTS = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
 
@@ -60,16 +69,16 @@ PARTS = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled
 class Server:
     """``codekv serve`` as a subprocess on a free port of 127.0.0.1."""
 
+    peer = False
+
     def __init__(self, args: list[str], keys: list[str], workdir: Path, model: str | None,
-                 threads: int, min_segment_tokens: int):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+                 threads: int, min_segment_tokens: int, backend: str = "transformers"):
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "serve.log"
         command = [sys.executable, "-m", "codekv", "serve", "--port", str(self.port),
                    "--store", str(workdir / "store"), "--min-segment-tokens",
-                   str(min_segment_tokens), *args]
+                   str(min_segment_tokens), "--backend", backend, *args]
         if model:
             command += ["--model", model]
         for key in keys:
@@ -110,16 +119,74 @@ class Server:
             self.process.wait()
 
 
-def replay_call(server: Server, key: str, call: rs.Call, reply_tokens: int) -> dict:
-    """One streamed request: client-side TTFT and end-to-end time, and the server's report."""
+class Peer(Server):
+    """llama-server as a subprocess on a free port of 127.0.0.1: one slot, the GGUF codekv's
+    llama.cpp engine runs, flash attention off as there, the GGUF's chat template."""
+
+    peer = True
+
+    def __init__(self, binary: str, args: list[str], workdir: Path, gguf: str, threads: int,
+                 context: int):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / "llama-server.log"
+        command = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port),
+                   "-t", str(threads), "-tb", str(threads), "-c", str(context), "-np", "1",
+                   "-fa", "off", "--jinja", "--no-webui", *args]
+        self.process = subprocess.Popen(command, stdout=self.log.open("wb"),
+                                        stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float = 600) -> Peer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("llama-server exited:\n" + self.log.read_text()[-3000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    models = httpx.get(self.url + "/v1/models", timeout=5).json()
+                    self.model = models["data"][0]["id"]
+                    return self
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("llama-server did not start in time:\n"
+                           + self.log.read_text()[-3000:])
+
+    def idle(self) -> float:
+        return 0.0  # nothing runs after a reply
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def peer_report(timings: dict, mode: str) -> dict:
+    """llama-server's ``timings`` in the report's terms: ``prompt_n`` through the model,
+    ``cache_n`` exact (its prefix) or, with ``--cache-reuse``, reused (prefix and shifted runs
+    together)."""
+    cached, computed = timings["cache_n"], timings["prompt_n"]
+    shifted = mode == "llama-server-reuse"
+    return {"status": mode, "prompt_tokens": cached + computed,
+            "exact_prefix_tokens": 0 if shifted else cached,
+            "reused_tokens": cached if shifted else 0, "recomputed_tokens": 0,
+            "prefilled_tokens": computed}
+
+
+def replay_call(server: Server, key: str, call: rs.Call, reply_tokens: int, mode: str = "",
+                greedy: bool = False) -> dict:
+    """One streamed request: client-side TTFT and end-to-end time, the server's report and
+    (``greedy``) the reply."""
     body = {"model": server.model, "messages": call.messages, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": 0,
             "max_tokens": reply_tokens}
-    if call.reply:
+    if call.reply and not greedy:
         body["codekv"] = {"continuation": call.reply}
     started = time.perf_counter()
     first = None
     report = usage = None
+    text = []
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                       headers={"authorization": f"Bearer {key}"}, timeout=1800) as response:
         if response.status_code != 200:
@@ -132,13 +199,22 @@ def replay_call(server: Server, key: str, call: rs.Call, reply_tokens: int) -> d
             if "error" in chunk:
                 return {"error": chunk["error"]["message"]}
             for choice in chunk.get("choices", []):
-                if first is None and choice["delta"].get("content"):
-                    first = time.perf_counter()
+                if choice["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    text.append(choice["delta"]["content"])
             if chunk.get("usage"):
-                usage, report = chunk["usage"], chunk["codekv"]
+                usage = chunk["usage"]
+                if not server.peer:
+                    report = chunk["codekv"]
+            if server.peer and chunk.get("timings"):  # the last chunk's are the totals
+                report = peer_report(chunk["timings"], mode)
+                usage = usage or {"completion_tokens": chunk["timings"]["predicted_n"]}
     done = time.perf_counter()
-    return {"ttft_s": (first or done) - started, "e2e_s": done - started,
-            "completion_tokens": usage["completion_tokens"], "codekv": report}
+    row = {"ttft_s": (first or done) - started, "e2e_s": done - started,
+           "completion_tokens": usage["completion_tokens"], "codekv": report}
+    if greedy:
+        row["reply"] = "".join(text)
+    return row
 
 
 def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> list[dict]:
@@ -150,8 +226,15 @@ def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> li
         try:
             for mode in modes:
                 (Path(workdir) / mode).mkdir()
-                servers[mode] = Server(MODES[mode], keys, Path(workdir) / mode, args.model,
-                                       args.threads, args.min_segment_tokens)
+                if mode in PEERS:
+                    reuse = [str(args.min_segment_tokens)] if PEERS[mode] else []
+                    servers[mode] = Peer(args.llama_server, PEERS[mode] + reuse,
+                                         Path(workdir) / mode, args.gguf, args.threads,
+                                         args.context)
+                else:
+                    servers[mode] = Server(MODES[mode], keys, Path(workdir) / mode,
+                                           args.model, args.threads, args.min_segment_tokens,
+                                           args.backend)
             for server in servers.values():
                 server.wait()
             rows = []
@@ -162,7 +245,8 @@ def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> li
                         break
                     for mode, server in servers.items():
                         waited = sum(other.idle() for other in servers.values())
-                        result = replay_call(server, key, call, args.reply_tokens)
+                        result = replay_call(server, key, call, args.reply_tokens, mode,
+                                             args.greedy)
                         row = {"mode": mode, "agent": trajectory.agent,
                                "trajectory": trajectory.name, "call": index,
                                "idle_wait_s": waited, "loadavg_1m": os.getloadavg()[0],
@@ -195,7 +279,7 @@ def summarize(rows: list[dict], nll_tokens: int) -> list[dict]:
                  if r["mode"] == REFERENCE and "error" not in r}
     out = []
     keys = sorted({(r["agent"], r["mode"]) for r in rows},
-                  key=lambda k: (k[0], list(MODES).index(k[1])))
+                  key=lambda k: (k[0], [*MODES, *PEERS].index(k[1])))
     for agent, mode in keys:
         mine = [r for r in rows if r["agent"] == agent and r["mode"] == mode]
         served = [r for r in mine if "error" not in r]
@@ -224,6 +308,9 @@ def summarize(rows: list[dict], nll_tokens: int) -> list[dict]:
                 reference_nll.append(sum(ref_nll[:n]) / n)
         delta, interval = (paired_difference(composed_nll, reference_nll) if composed_nll
                            else (None, None))
+        replies = [(r["reply"], reference[(r["trajectory"], r["call"])]["reply"])
+                   for r in served if "reply" in r
+                   and (r["trajectory"], r["call"]) in reference]
         out.append({
             "agent": agent, "mode": mode, "calls": len(served), "skipped_too_long": len(skipped),
             "failed": len(failed), "prompt_tokens": prompt,
@@ -236,6 +323,8 @@ def summarize(rows: list[dict], nll_tokens: int) -> list[dict]:
             "ttft_p90_s": quantile(ttft, 0.9),
             "e2e_median_s": statistics.median([r["e2e_s"] for r in served]) if served else None,
             "delta_nll": delta, "delta_nll_ci": interval, "delta_nll_calls": len(composed_nll),
+            "same_reply": sum(mine == theirs for mine, theirs in replies) if replies else None,
+            "replies_compared": len(replies),
         })
     return out
 
@@ -248,13 +337,20 @@ def _fmt(value, digits: int = 2) -> str:
     return str(value)
 
 
+def _same(s: dict) -> str:
+    if not s.get("replies_compared"):
+        return "–"
+    return f"{s['same_reply']} of {s['replies_compared']}"
+
+
 def table(summary: list[dict]) -> str:
     """The markdown table: shares in percent, through the model relative to exact-only."""
     base = {s["agent"]: s for s in summary if s["mode"] == REFERENCE}
     lines = ["| agent | mode | calls (skipped) | median prompt | exact / reused / recomputed / "
              "prefilled % | through model (vs exact-only) | stored after reply | TTFT median "
-             "(p90) s | e2e median s | ΔNLL [95% CI] (calls) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(p90) s | e2e median s | ΔNLL [95% CI] (calls) | greedy reply as the "
+             "reference's |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         ref = base.get(s["agent"])
         ratio = (s["through_model_tokens"] / ref["through_model_tokens"]
@@ -270,7 +366,8 @@ def table(summary: list[dict]) -> str:
             f"| {s['agent']} | {s['mode']} | {s['calls']} ({s['skipped_too_long']}) | "
             f"{_fmt(s['median_prompt_tokens'], 0)} | {shares} | {s['through_model_tokens']} "
             f"({_fmt(ratio)}x) | {s['stored_tokens']} | {_fmt(s['ttft_median_s'])} "
-            f"({_fmt(s['ttft_p90_s'])}) | {_fmt(s['e2e_median_s'])} | {nll} |")
+            f"({_fmt(s['ttft_p90_s'])}) | {_fmt(s['e2e_median_s'])} | {nll} | "
+            f"{_same(s)} |")
     return "\n".join(lines)
 
 
@@ -346,7 +443,19 @@ def main(argv: list[str] | None = None) -> int:
                              "composed, and the shortest run shift-only moves (llama.vim's "
                              "advice for --cache-reuse is 256).")
     parser.add_argument("--threads", type=int, default=1,
-                        help="Each server's torch threads (OMP_NUM_THREADS).")
+                        help="Each server's threads (torch's OMP_NUM_THREADS, llama-server's "
+                             "-t and -tb).")
+    parser.add_argument("--backend", default="transformers",
+                        choices=["transformers", "llama.cpp"], help="codekv's engine.")
+    parser.add_argument("--llama-server", default=None,
+                        help="The llama-server binary for the peer modes (make bench-peer).")
+    parser.add_argument("--gguf", default=None,
+                        help="The peer's GGUF [the default model's, codekv's llama.cpp one].")
+    parser.add_argument("--context", type=int, default=8192,
+                        help="The peer's context (-c) [8192, the default model's].")
+    parser.add_argument("--greedy", action="store_true",
+                        help="Decode each mode's own greedy reply (no forced continuation) "
+                             "and compare it with the reference's; the peer needs it.")
     parser.add_argument("--out", default="benchmarks/results/serve_replay.json")
     parser.add_argument("--summarize", metavar="ROWS",
                         help="Only print the table of a run's rows file (.rows.jsonl), "
@@ -360,9 +469,18 @@ def main(argv: list[str] | None = None) -> int:
         args.generated = [str(Path(wsgiref.__file__).parent)]
     args.generated = [g for g in args.generated if g != "none"]
     modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if m not in MODES and m not in PEERS]
     if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}: expected {', '.join(MODES)}")
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: expected "
+                     f"{', '.join([*MODES, *PEERS])}")
+    if any(m in PEERS for m in modes):
+        if args.backend != "llama.cpp" or not args.llama_server or not args.greedy:
+            parser.error("the llama-server modes need --backend llama.cpp, --llama-server "
+                         "(make bench-peer builds it) and --greedy")
+        if args.gguf is None:
+            from codekv.tokens import default_gguf_path
+
+            args.gguf = str(default_gguf_path())
     if REFERENCE not in modes:
         parser.error(f"--modes must include {REFERENCE}: ΔNLL and the ratios are against it")
     trajectories = load_trajectories(args)

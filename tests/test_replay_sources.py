@@ -174,3 +174,28 @@ def test_summary_shares_through_model_and_paired_delta_nll():
     assert compose["ttft_median_s"] == 1.0 and exact["ttft_median_s"] == 2.0
     table = bench_serve.table([exact, compose])
     assert "| aider | compose | 3 (1) |" in table and "(0.60x)" in table
+
+
+def test_the_peer_counts_its_cache_and_greedy_replies_are_compared_call_by_call():
+    import bench_serve
+
+    plain = bench_serve.peer_report({"cache_n": 30, "prompt_n": 70}, "llama-server")
+    shifted = bench_serve.peer_report({"cache_n": 30, "prompt_n": 70}, "llama-server-reuse")
+    assert plain["prompt_tokens"] == shifted["prompt_tokens"] == 100
+    assert (plain["exact_prefix_tokens"], plain["reused_tokens"]) == (30, 0)
+    assert (shifted["exact_prefix_tokens"], shifted["reused_tokens"]) == (0, 30)
+    rows = []
+    for mode, report, replies in (
+            ("exact-only", {"status": "full-prefill", "prompt_tokens": 100,
+                            "exact_prefix_tokens": 0, "reused_tokens": 0,
+                            "recomputed_tokens": 0, "prefilled_tokens": 100},
+             ["a b", "c d", "e f"]),
+            ("llama-server", plain, ["a b", "c x", "e f"])):
+        for call, reply in enumerate(replies):
+            rows.append({"mode": mode, "agent": "aider", "trajectory": "t", "call": call,
+                         "ttft_s": 1.0, "e2e_s": 2.0, "codekv": report, "reply": reply})
+    exact, peer = bench_serve.summarize(rows, nll_tokens=2)
+    assert (exact["same_reply"], exact["replies_compared"]) == (3, 3)
+    assert (peer["same_reply"], peer["replies_compared"]) == (2, 3)
+    assert peer["through_model_tokens"] == 210 and peer["share_exact_prefix"] == 0.3
+    assert "| 2 of 3 |" in bench_serve.table([exact, peer])
