@@ -481,10 +481,11 @@ def test_eval_on_llama_cpp_refuses_what_it_cannot_run_and_keys_the_gate(tiny_ggu
 
 
 @pytest.mark.parametrize("n_batch", [512, 8])
-def test_one_batch_recompute_equals_one_decode_per_run(tiny_gguf, n_batch):
-    """Scattered positions recomputed in place in one batch (the patched build) give what one
-    decode per run gives, the query's logits and every position's KV after it; in batches of 8
-    too, each batch seeing the fresh cells of those before it."""
+def test_scattered_batches_recompute_as_one_decode_per_run(tiny_gguf, n_batch):
+    """Scattered positions recomputed in place in scattered batches (the patched build), the
+    parts placed as the batches reach them, give what one decode per run gives: the query's
+    logits and every position's KV after it; in batches of 8 too, each batch seeing the fresh
+    cells of those before it."""
     one = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32", n_batch=n_batch)
     if not one.scattered_batches:
         missing("this llama-cpp-python is a stock build (make setup applies "

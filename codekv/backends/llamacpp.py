@@ -9,8 +9,8 @@ KV cache type by the model fingerprint. A request is built in sequence 0 of one 
   shifted to its offset (``llama_memory_seq_add``; the RoPE K-shift runs at the next decode),
   shared into sequence 0 (``seq_cp``) and dropped from 1;
 - selected tokens are recomputed in place: their old cells are removed from sequence 0 and
-  they are decoded there at their own positions, in one batch (of ``n_batch``) for all of
-  them, each attending to the cells at positions up to its own, fresh ones included. Stock
+  they are decoded there at their own positions, in a few batches whatever their spread,
+  each attending to the cells at positions up to its own, fresh ones included. Stock
   llama.cpp requires a batch to continue its sequence; the setup's build carries a patch
   (``patches/llama.cpp-scattered-positions.patch``) that lifts that check while a request is
   recomputed (``scattered_batches``). Without it a contiguous run of selected tokens at
@@ -73,6 +73,10 @@ from codekv.stores.entry import BadEntry, KVEntry
 from codekv.tokens import file_digest
 
 KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # name -> ggml type id (llama.h / ggml.h)
+# Selected positions decoded per scattered batch (at most ``n_batch``): few enough that early
+# batches see few cells (parts are placed as batches reach them), enough to read the weights
+# seldom.
+RECOMPUTE_BATCH = 128
 REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a recomputed run
 # A sliding-window model's cache takes a cell held by one sequence alone as free once it is a
 # window behind that sequence's last position (even with swa_full): placing later parts or
@@ -287,8 +291,8 @@ class LlamaCppBackend:
 
     @property
     def scattered_batches(self) -> bool:
-        """Whether selected positions are recomputed in one batch (the patched build), not one
-        decode per run of them."""
+        """Whether selected positions are recomputed in scattered batches (the patched
+        build), not one decode per run of them."""
         return self._scatter is not None
 
     @property
@@ -760,12 +764,13 @@ class LlamaCppBackend:
         ticket = self._take_context()
         runs = _runs(selected)
         cuts = self._reused_batches(context, runs)
-        self._place(context, self._ctx, mem)
         logits = None
         if self._scatter is not None and runs:
-            logits = self._recompute_in_place(context_ids, selected, runs, not query_ids)
+            logits = self._recompute_in_place(context, context_ids, selected, not query_ids)
             cuts += [cut for run in runs for cut in run]
             runs = []
+        else:
+            self._place(context, self._ctx, mem)
         for number, (first, end) in enumerate(runs):
             cuts += [first, end]
             if first > 0:
@@ -787,21 +792,36 @@ class LlamaCppBackend:
         cuts = sorted({c for c in cuts if 0 < c < n} | ({n} if query_ids else set()))
         return LlamaRequest(list(context_ids) + list(query_ids), logits, ticket, cuts)
 
-    def _recompute_in_place(self, context_ids: list[int], selected: list[int],
-                            runs: list[tuple[int, int]], want_logits: bool
-                            ) -> torch.Tensor | None:
-        """Decode the ``selected`` positions in sequence 0 itself, their stale cells removed
-        first, in batches of ``n_batch`` at their own positions (the patched build's scattered
-        batches); each batch's cells are pinned before the next is given room."""
+    def _recompute_in_place(self, context: list, context_ids: list[int], selected: list[int],
+                            want_logits: bool) -> torch.Tensor | None:
+        """Decode the ``selected`` positions in sequence 0 itself, at their own positions, in
+        batches of ``RECOMPUTE_BATCH`` (the patched build's scattered batches), each batch's
+        cells pinned before the next is given room. Parts are placed as the batches reach
+        them, their selected positions' stale cells removed: without flash attention llama.cpp
+        scores a batch against every cell there is, so an early batch then pays for the cells
+        before it, not for the whole context."""
         L, mem = self._L, self._mem
-        for first, end in runs:
-            L.llama_memory_seq_rm(mem, REQUEST, first, end)
-            self._unpin(first, end)
+        chosen = set(selected)
+        placed = 0
+
+        def place_through(position: int) -> None:
+            nonlocal placed
+            while placed < len(context) and context[placed].start <= position:
+                part = context[placed]
+                self._place([part], self._ctx, mem)
+                inside = range(part.start, part.start + part.n_tokens)
+                for first, end in _runs([p for p in inside if p in chosen]):
+                    L.llama_memory_seq_rm(mem, REQUEST, first, end)
+                    self._unpin(first, end)
+                placed += 1
+
         logits = None
         self._scatter(True)
         try:
-            for first in range(0, len(selected), self.n_batch):
-                part = selected[first : first + self.n_batch]
+            size = min(RECOMPUTE_BATCH, self.n_batch)
+            for first in range(0, len(selected), size):
+                part = selected[first : first + size]
+                place_through(part[-1])
                 last = first + len(part) == len(selected)
                 # Logits only where they are read: the last position, without a query.
                 logits = self._decode([context_ids[p] for p in part], 0, REQUEST,
@@ -810,6 +830,7 @@ class LlamaCppBackend:
                 self._pin(REQUEST, part[0], part[-1] + 1)
         finally:
             self._scatter(False)
+        place_through(len(context_ids))
         return logits
 
     def _reused_batches(self, context: list[SequenceState | KeptPrefix],
