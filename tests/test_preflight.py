@@ -32,3 +32,20 @@ def test_unreadable_positions_leave_the_check_to_loading(tmp_path, content):
     path.write_bytes(content)
     assert declared_positions(str(path)) is None
     assert declared_positions(str(tmp_path / "absent.gguf")) is None
+
+
+def test_agent_sessions_may_fill_the_models_positions():
+    """An agent session's context is its whole prompt, which leaves room for the answer: only
+    the other workloads add a query and an answer to it."""
+    from codekv.eval.harness import EvalConfig
+    from codekv.eval.preflight import EvalOptionError, check_positions
+
+    sessions = EvalConfig(workloads=("agent-session",), context_tokens=8192)
+    check_positions(sessions, 8192, prefix_tokens=27)
+    with pytest.raises(EvalOptionError, match="the model has 8192 positions; expected "
+                                              "--context-tokens of at most 8192"):
+        check_positions(EvalConfig(workloads=("agent-session",), context_tokens=8193), 8192)
+    both = EvalConfig(workloads=("agent-session", "code-qa"), context_tokens=8192,
+                      max_query_tokens=256)
+    with pytest.raises(EvalOptionError, match="at most 7877"):
+        check_positions(both, 8192, prefix_tokens=27)

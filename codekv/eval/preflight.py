@@ -44,20 +44,31 @@ def declared_positions(model: str | None) -> int | None:
 
 def check_positions(config, positions: int | None, prefix_tokens: int = 0) -> None:
     """Refuse ``config.context_tokens`` when a request could run past the model's
-    ``positions``: system prompt + context + query + answer. Before the model loads, the
-    prompt is not counted yet (``prefix_tokens`` 0)."""
+    ``positions``: system prompt + context + query + answer, or for agent sessions (whose
+    context is the whole prompt, the begun reply included, and leaves room for the answer)
+    the context alone. Before the model loads, the prompt is not counted yet
+    (``prefix_tokens`` 0)."""
     from codekv.eval.runner import ANSWER_TOKENS
+    from codekv.eval.sessions import ANSWER_ROOM
 
     if positions is None:
         return
-    other = prefix_tokens + config.max_query_tokens + ANSWER_TOKENS
+    assert ANSWER_TOKENS <= ANSWER_ROOM  # an agent session's answer fits the room it leaves
+    if any(w != "agent-session" for w in config.workloads):
+        other = prefix_tokens + config.max_query_tokens + ANSWER_TOKENS
+    else:
+        other = 0
     if config.context_tokens + other > positions:
-        prompt = f"a {prefix_tokens}-token system prompt, " if prefix_tokens else ""
+        if other:
+            prompt = f"a {prefix_tokens}-token system prompt, " if prefix_tokens else ""
+            adds = (f"a request adds {prompt}a query of up to {config.max_query_tokens} tokens "
+                    f"and an answer of up to {ANSWER_TOKENS}, and ")
+        else:
+            adds = ""
         raise EvalOptionError(
-            f"--context-tokens {config.context_tokens} is too long for the model: a request "
-            f"adds {prompt}a query of up to {config.max_query_tokens} tokens and an answer of "
-            f"up to {ANSWER_TOKENS}, and the model has {positions} positions; expected "
-            f"--context-tokens of at most {positions - other}")
+            f"--context-tokens {config.context_tokens} is too long for the model: {adds}"
+            f"the model has {positions} positions; expected --context-tokens of at most "
+            f"{positions - other}")
 
 
 def check_tasks(config, workload: str, made: int) -> None:
