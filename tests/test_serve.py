@@ -572,8 +572,41 @@ def default_model_server(tmp_path_factory, *args: str) -> ServeProcess:
     return ServeProcess(list(args), tmp_path_factory.mktemp("serve-model")).wait()
 
 
-# The shipped file licenses nothing until its entries are re-earned under the calibrated
-# design (docs/results.md): the default model composes with --experimental.
+@pytest.mark.model
+def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_path_factory,
+                                                                        model_cache):
+    """No --experimental: the shipped agent-session entry licenses the default model's
+    segments taken from the scope's last prompt (Python, up to its covered length), with the
+    rule it passed; the chunk store's classes stay unlicensed, so nothing is stored."""
+    from codekv.eval.sessions import aider_session
+    from codekv.gate import SupportGate
+    from codekv.stdlib_repo import stdlib_dir
+
+    entry = next(e for e in SupportGate.load().entries if e["workload"] == "agent-session")
+    files = ["fnmatch.py", "genericpath.py"]  # two calls of about 3,800 tokens
+    session = aider_session("t", {f: (stdlib_dir() / f).read_text() for f in files}, files,
+                            turns=2, volatile=True)
+    server = default_model_server(tmp_path_factory)
+    try:
+        client = server.client()
+        model = client.models.list().data[0].id
+        _, first, _, _ = ask(client, session.calls[0].messages, model=model, max_tokens=4)
+        assert first["status"] == "full-prefill" and first["segments_stored"] == 0
+        _, report, usage, status = ask(client, session.calls[1].messages, model=model,
+                                       max_tokens=4)
+        assert report["prompt_tokens"] <= entry["covers"]["context_tokens"]["max"]
+        assert status == report["status"] == "composed", report["fallback_reason"]
+        assert report["segments_from_last_prompt"] > 0 and report["reused_tokens"] > 0
+        assert report["exact_prefix_tokens"] < 20  # the header changed in its first line
+        assert report["strategy"] == entry["strategy"] == "none"
+        assert report["segments_stored"] == 0
+        assert_accounted(report, usage)
+    finally:
+        server.stop()
+
+
+# The shipped file licenses no chunk-store class (docs/results.md): the tests of the store's
+# path compose with --experimental.
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory, model_cache):
     server = default_model_server(tmp_path_factory, "--experimental")
