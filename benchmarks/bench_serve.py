@@ -392,8 +392,9 @@ def load_trajectories(args) -> list[rs.Trajectory]:
                 trajectory.name = f"{entry['repository'].split('/')[-1]}/{trajectory.name}"
             trajectories += loaded[:entry.get("sessions", len(loaded))]
     for directory in args.generated:
-        trajectories.append(rs.generated_aider_session(Path(directory), turns=args.max_calls,
-                                                       volatile=args.volatile))
+        trajectories.append(rs.generated_aider_session(
+            Path(directory), turns=args.max_calls, chat_files=args.chat_files,
+            max_file_chars=args.max_file_chars, volatile=args.volatile))
     if args.per_agent:
         counts: dict[str, int] = {}
         kept = []
@@ -424,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated", action="append", default=None,
                         help="A package directory to build an aider-style session from "
                              "(repeatable) [the standard library's wsgiref]; 'none' for none.")
+    parser.add_argument("--chat-files", type=int, default=3,
+                        help="Files in each generated session's chat (the largest that fit "
+                             "--max-file-chars) [3].")
+    parser.add_argument("--max-file-chars", type=int, default=7000,
+                        help="The largest file a generated session puts in its chat [7000]: "
+                             "with --chat-files, how long its prompts run.")
     parser.add_argument("--volatile", action="store_true",
                         help="Open each generated call's system prompt with a header of its "
                              "own (a request id and the time), as agents and proxies write.")

@@ -132,7 +132,7 @@ def test_generated_session_has_aiders_shape(tmp_path):
                                                                         "user"] for r in roles)
     for turn, call in enumerate(session.calls):
         repo_map, files = call.messages[1]["content"], call.messages[-3]["content"]
-        assert "big.py:" in repo_map and "def f399(x):" in repo_map  # every file in the map
+        assert "a.py:" in repo_map and "big.py" not in repo_map  # within aider's map budget
         assert "b.py\n````\n" in files and "c.py\n````\n" in files and "big.py" not in files
         # Each reply's edit is in the files the next call re-sends, not before.
         added = call.reply.split("=======\n")[1].split("\n")[1]
@@ -142,6 +142,9 @@ def test_generated_session_has_aiders_shape(tmp_path):
     # The history grows before the files, then is summarised past its budget.
     assert len(session.calls[1].messages) == len(session.calls[0].messages) + 2
     assert any(m["content"].startswith(rs.SUMMARY_LEAD) for m in session.calls[-1].messages)
+    whole = rs.generated_aider_session(tmp_path, turns=1, chat_files=2, max_file_chars=200,
+                                       map_chars=None)
+    assert "def f399(x):" in whole.calls[0].messages[1]["content"]  # every file in the map
 
 
 def row(mode, call, status, parts, nll, ttft=1.0):

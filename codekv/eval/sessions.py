@@ -212,10 +212,12 @@ def volatile_header(session: str, turn: int) -> str:
 
 def generated_aider_session(root: Path, turns: int = TURNS, chat_files: int = 3,
                             max_file_chars: int = 7000, history_chars: int = HISTORY_CHARS,
-                            volatile: bool = False) -> Trajectory:
+                            volatile: bool = False,
+                            map_chars: int | None = 4 * MAP_TOKENS) -> Trajectory:
     """An aider-style session over the Python files of ``root``: the largest ``chat_files``
-    of those of at most ``max_file_chars`` are in the chat, every file is in the repo map;
-    with ``volatile``, each call's system prompt opens with a header of its own."""
+    of those of at most ``max_file_chars`` are in the chat, the files in the repo map within
+    ``map_chars`` (aider's default budget; None: every file); with ``volatile``, each call's
+    system prompt opens with a header of its own."""
     root = Path(root)
     sources = {str(p.relative_to(root)): p.read_text(encoding="utf-8")
                for p in sorted(root.rglob("*.py")) if "test" not in p.name}
@@ -227,9 +229,9 @@ def generated_aider_session(root: Path, turns: int = TURNS, chat_files: int = 3,
                           f"{max_file_chars} characters with functions")
     in_chat = sorted(candidates[-chat_files:])  # the largest that fit: most to re-send
     origin = {"generated": "aider-style", "source": str(root), "turns": turns,
-              "chat_files": in_chat, "volatile": volatile}
-    return aider_session(root.name, sources, in_chat, turns, history_chars, origin=origin,
-                         volatile=volatile)
+              "chat_files": in_chat, "volatile": volatile, "map_chars": map_chars}
+    return aider_session(root.name, sources, in_chat, turns, history_chars, map_chars,
+                         origin=origin, volatile=volatile)
 
 
 # -- the agent-session workload -------------------------------------------------------------
