@@ -77,6 +77,44 @@ def test_with_every_token_recomputed_the_reply_scores_as_full_prefill(engine_of)
     assert outcome.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
 
 
+HEADER = "Id 7f3a, 09:00.\n"
+LONGER_HEADER = "Id 5be14d77, 09:01:37.\n"
+EDITED = FILE.replace("width * height", "height * width")
+# (first prompt, second prompt): what agents change between calls. Each part is a message's content; the question is the request.
+SHAPES = {
+    "a header changed early": ((HEADER + SYSTEM, NOTE, FILE, QUESTION),
+                               (LONGER_HEADER + SYSTEM, NOTE, FILE, QUESTION)),
+    "a block edited in the middle": ((SYSTEM, NOTE, FILE, TURN, QUESTION),
+                                     (SYSTEM, NOTE, EDITED, TURN, QUESTION)),
+    "a message removed": ((SYSTEM, NOTE, TURN, FILE, QUESTION),
+                          (SYSTEM, NOTE, FILE, QUESTION)),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_after_a_changed_span_the_rest_comes_from_the_last_prompt(engine_of, shape):
+    """After a span that changed (a header with an id and the time, an edited block, a
+    removed message), every later segment the last prompt holds is taken from it, re-positioned
+    where lengths changed; the changed message is computed in place. With every token
+    recomputed, the reply scores as full prefill's."""
+    first, second = SHAPES[shape]
+    reused, everything, exact = (engine_of(strategy="none"), engine_of(strategy="all"),
+                                 engine_of(reuse="exact-only"))
+    for engine in (reused, everything):
+        served(engine, "agent", first)
+    outcome = served(reused, "agent", second)
+    assert outcome.status == "composed" and outcome.segments_from_last_prompt >= 1
+    assert outcome.recomputed_tokens == 0 and outcome.reused_tokens > 0
+    ids = [reused.backend.tokenize_prompt("".join(p))[0] for p in (first, second)]
+    same = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    assert outcome.exact_prefix_tokens <= same  # nothing past the change is exact
+    recomputed = served(everything, "agent", second)
+    assert recomputed.segments_from_last_prompt == outcome.segments_from_last_prompt
+    reference = served(exact, "agent", second)
+    assert reference.status == "full-prefill"
+    assert recomputed.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
+
+
 def test_only_the_last_prompt_is_kept_and_within_the_budget(engine_of):
     engine = engine_of(strategy="none")
     served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
