@@ -80,7 +80,8 @@ def test_with_every_token_recomputed_the_reply_scores_as_full_prefill(engine_of)
 HEADER = "Id 7f3a, 09:00.\n"
 LONGER_HEADER = "Id 5be14d77, 09:01:37.\n"
 EDITED = FILE.replace("width * height", "height * width")
-# (first prompt, second prompt): what agents change between calls. Each part is a message's content; the question is the request.
+# (first prompt, second prompt): what agents change between calls. Each part is a message's
+# content; the question is the request.
 SHAPES = {
     "a header changed early": ((HEADER + SYSTEM, NOTE, FILE, QUESTION),
                                (LONGER_HEADER + SYSTEM, NOTE, FILE, QUESTION)),
