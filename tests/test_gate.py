@@ -158,7 +158,8 @@ def test_entries_that_name_no_pair_are_listed_as_invalid():
     assert first["reason"] == ("unsupported: entry 1 in t is invalid: an entry must be an "
                                "object, not [1]")
     assert second["pair"] == "llama/chat on vllm" and third["pair"] == "llama/code-qa"
-    assert second["problems"] == ["backend \"vllm\" is not one of transformers, llama.cpp",
+    assert second["problems"] == ["backend \"vllm\" is not one of transformers, llama.cpp, "
+                                  "openvino",
                                   "workload \"chat\" is not one of code-qa, rag, tool-docs, "
                                   "agent-session"]
     assert third["supported"] is True  # one bad entry does not spoil the others
@@ -180,9 +181,11 @@ def test_what_an_engine_cannot_run_is_what_its_backend_refuses():
     agrees with its backend's refusals."""
     from codekv.backends.hf import HFBackend
     from codekv.backends.llamacpp import LlamaCppBackend
+    from codekv.backends.openvino import OpenVINOBackend
     from codekv.models import ENGINES
 
-    backends = {"transformers": HFBackend, "llama.cpp": LlamaCppBackend}
+    backends = {"transformers": HFBackend, "llama.cpp": LlamaCppBackend,
+                "openvino": OpenVINOBackend}
     assert set(backends) == set(ENGINES)
     for engine, backend in backends.items():
         refused = {need for need, refusal in (("needs_deviation", backend.deviation_refusal),

@@ -108,7 +108,7 @@ def test_the_command_line_runs_a_registered_engine(toys, git_repo, tmp_path):
     git_repo.commit({"util.py": "def helper(x):\n    return x + 1\n"})
     model = tiny_model_file("hf-directory", tmp_path)
     listed = run(toys, "compose", "--help")
-    assert "[transformers|llama.cpp|toy]" in listed.stdout, listed.stderr
+    assert "[transformers|llama.cpp|openvino|toy]" in listed.stdout, listed.stderr
     composed = run(toys, "compose", git_repo.root, "--chunk", "util.py", "--query", "what?",
                    "--backend", "toy", "--model", model, "--max-new-tokens", 1, "--json",
                    "--store", tmp_path / "store")

@@ -50,7 +50,7 @@ def test_registry_names_are_checked_against_the_names_passed():
         'strategy "deviation" is not a rule requests compose with; choose from query, boundary']
     assert SupportEntry.model_validate(strategy).strategy == "deviation"  # no names: as written
     assert _problems({**ENTRY, "backend": "vllm"}, None) == [
-        'backend "vllm" is not one of transformers, llama.cpp']  # engines: always known
+        'backend "vllm" is not one of transformers, llama.cpp, openvino']  # engines: known
 
 
 def test_an_entry_says_which_requests_it_speaks_for():
