@@ -39,7 +39,10 @@ def test_agent_sessions_may_fill_the_models_positions():
     the other workloads add a query and an answer to it."""
     from codekv.eval.harness import EvalConfig
     from codekv.eval.preflight import EvalOptionError, check_positions
+    from codekv.eval.runner import ANSWER_TOKENS
+    from codekv.eval.sessions import ANSWER_ROOM
 
+    assert ANSWER_TOKENS <= ANSWER_ROOM  # the answer fits the room a session's prompt leaves
     sessions = EvalConfig(workloads=("agent-session",), context_tokens=8192)
     check_positions(sessions, 8192, prefix_tokens=27)
     with pytest.raises(EvalOptionError, match="the model has 8192 positions; expected "
