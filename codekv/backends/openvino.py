@@ -155,6 +155,7 @@ class OpenVINOBackend(HFBackend):
         return cache
 
     # -- what runs in OpenVINO -------------------------------------------------------------
+    @torch.inference_mode()
     def prefill_chunk(self, token_ids: list[int], prefix_ids: list[int] = (),
                       prefix_kv: ChunkKV | None = None) -> ChunkKV:
         n = len(prefix_ids)
@@ -166,12 +167,14 @@ class OpenVINOBackend(HFBackend):
         return ChunkKV([k[:, n:].contiguous() for k in keys],
                        [v[:, n:].contiguous() for v in values], start=n)
 
+    @torch.inference_mode()
     def full_prefill(self, token_ids: list[int]) -> HFRequest:
         n = len(token_ids)
         logits, keys, values = self._run(list(token_ids), list(range(n)), self._causal(n),
                                          None, [n - 1])
         return HFRequest(self._cache(keys, values), list(token_ids), logits[-1].float())
 
+    @torch.inference_mode()
     def recompute(self, context_ids: list[int], context: ChunkKV, selected: list[int],
                   query_ids: list[int]) -> HFRequest:
         """As on transformers, in one call: the selected positions and the query at their
@@ -204,6 +207,7 @@ class OpenVINOBackend(HFBackend):
         return HFRequest(self._cache(keys, values), list(context_ids) + list(query_ids),
                          logits[-1].float())
 
+    @torch.inference_mode()
     def extend(self, state: HFRequest, token_ids: list[int]) -> torch.Tensor:
         n, count = state.length, len(token_ids)
         layers = state.cache.layers
