@@ -178,9 +178,10 @@ class OpenVINOBackend(HFBackend):
     def recompute(self, context_ids: list[int], context: ChunkKV, selected: list[int],
                   query_ids: list[int]) -> HFRequest:
         """As on transformers, in one call: the selected positions and the query at their
-        positions, after every context position's reused KV; a row sees the cached positions
-        up to its own except the stale copies of the selected ones, and the fresh positions
-        up to its own (appended after the cached ones, in position order)."""
+        positions, after the reused KV of every other context position; a row sees those up to
+        its own position, and the fresh positions up to its own (appended after them, in
+        position order). The selected positions' stale copies are left out of the call: no
+        row may see them."""
         n = len(context_ids)
         if context.n_tokens != n:
             raise ValueError(f"context KV has {context.n_tokens} tokens, ids have {n}")
@@ -190,11 +191,14 @@ class OpenVINOBackend(HFBackend):
         positions = np.asarray(selected + list(range(n, n + len(query_ids))), dtype=np.int64)
         stale = np.zeros(n, dtype=bool)
         stale[selected] = True
-        cached = (np.arange(n)[None, :] <= positions[:, None]) & ~stale[None, :]
+        kept = np.flatnonzero(~stale)
+        rows = torch.from_numpy(kept)
+        past = ChunkKV([k[:, rows] for k in context.keys], [v[:, rows] for v in context.values])
+        cached = kept[None, :] <= positions[:, None]
         fresh = positions[None, :] <= positions[:, None]
         ids = [context_ids[p] for p in selected] + list(query_ids)
         logits, new_keys, new_values = self._run(
-            ids, positions.tolist(), np.concatenate([cached, fresh], axis=1), context,
+            ids, positions.tolist(), np.concatenate([cached, fresh], axis=1), past,
             [len(ids) - 1])
         index = torch.as_tensor(selected, dtype=torch.long)
         keys, values = [], []
