@@ -7,7 +7,18 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from fixtures.compose import B2, PREFIX, QUERY, A, B, C, make_composer
+from fixtures.compose import (
+    B2,
+    PREFIX,
+    QUERY,
+    TOL,
+    A,
+    B,
+    C,
+    assert_exact,
+    make_composer,
+    max_diff,
+)
 from fixtures.models import tiny_model, tiny_tokenizer
 from fixtures.needs import require
 
@@ -16,7 +27,6 @@ from codekv.selection import STRATEGIES
 
 require("openvino", "openvino is not installed (the 'openvino' extra)")
 
-TOL = 1e-4
 FILE = ("class Rectangle:\n    def area(self, width, height):\n        return width * height\n\n"
         "    def perimeter(self, width, height):\n        return 2 * (width + height)\n")
 
@@ -46,18 +56,6 @@ def tiny_directory(tmp_path_factory, family: str = "llama", seed: int = 0):
         tiny_model(family, seed).save_pretrained(path)
         tiny_tokenizer().save_pretrained(path)
     return path
-
-
-def max_diff(a, b) -> float:
-    return (a.float() - b.float()).abs().max().item()
-
-
-def assert_exact(result, reference) -> None:
-    assert result.token_ids == reference.token_ids
-    assert max_diff(result.next_token_logits(), reference.next_token_logits()) <= TOL
-    for ours, theirs in zip(result.state.cache.layers, reference.state.cache.layers, strict=True):
-        assert max_diff(ours.keys, theirs.keys) <= TOL
-        assert max_diff(ours.values, theirs.values) <= TOL
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "phi"])

@@ -13,7 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures.compose import B2, PREFIX, QUERY, A, B, C, make_composer
+from fixtures.compose import (
+    B2,
+    PREFIX,
+    QUERY,
+    TOL,
+    A,
+    B,
+    C,
+    assert_exact,
+    make_composer,
+    max_diff,
+)
 from fixtures.evidence import covering
 from fixtures.models import TINY_FAMILIES
 
@@ -26,19 +37,6 @@ from codekv.selection import strategy as make_strategy
 from codekv.stores import default_scope
 from codekv.stores.local import LocalKVStore
 from codekv.tokens import CounterSpec
-
-TOL = 1e-4
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
-
-
-def assert_exact(result, reference) -> None:
-    """Same token sequence, next-token logits and KV in every layer as the full prefill."""
-    assert result.token_ids == reference.token_ids
-    assert max_diff(result.next_token_logits(), reference.next_token_logits()) <= TOL
-    for ours, theirs in zip(result.state.cache.layers, reference.state.cache.layers, strict=True):
-        assert max_diff(ours.keys, theirs.keys) <= TOL
-        assert max_diff(ours.values, theirs.values) <= TOL
 
 
 def entry_files(root: Path) -> list[Path]:

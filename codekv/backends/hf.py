@@ -405,11 +405,7 @@ class HFBackend:
         nothing in it is modified. Returns a fresh request state of context + query.
         """
         n = len(context_ids)
-        if context.n_tokens != n:
-            raise ValueError(f"context KV has {context.n_tokens} tokens, ids have {n}")
-        selected = sorted(set(selected))
-        if not query_ids and (not selected or selected[-1] != n - 1):
-            selected.append(n - 1)  # its output is the next-token prediction
+        selected = recomputed_positions(context_ids, context, selected, query_ids)
         positions = selected + list(range(n, n + len(query_ids)))
         input_ids = [context_ids[p] for p in selected] + list(query_ids)
         total = n + len(query_ids)
@@ -634,6 +630,19 @@ class _SlotLayer(DynamicLayer):
         self.values.index_copy_(2, self.slots, value_states)
         self.slots = None
         return self.keys, self.values
+
+
+def recomputed_positions(context_ids: list[int], context: ChunkKV, selected: list[int],
+                         query_ids: list[int]) -> list[int]:
+    """The context positions a recompute runs, in order: ``selected``, and without a query the
+    last one, whose output is the next-token prediction."""
+    n = len(context_ids)
+    if context.n_tokens != n:
+        raise ValueError(f"context KV has {context.n_tokens} tokens, ids have {n}")
+    selected = sorted(set(selected))
+    if not query_ids and (not selected or selected[-1] != n - 1):
+        selected.append(n - 1)
+    return selected
 
 
 def _leading(tokenizer) -> list[int]:

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from codekv.backends.engines import OPENVINO
-from codekv.backends.hf import ChunkKV, HFBackend, HFRequest
+from codekv.backends.hf import ChunkKV, HFBackend, HFRequest, recomputed_positions
 
 # Compile settings: f32 inference (the plugin's default on bf16-capable processors is bf16).
 PRECISION = {"INFERENCE_PRECISION_HINT": "f32"}
@@ -183,11 +183,7 @@ class OpenVINOBackend(HFBackend):
         position order). The selected positions' stale copies are left out of the call: no
         row may see them."""
         n = len(context_ids)
-        if context.n_tokens != n:
-            raise ValueError(f"context KV has {context.n_tokens} tokens, ids have {n}")
-        selected = sorted(set(selected))
-        if not query_ids and (not selected or selected[-1] != n - 1):
-            selected.append(n - 1)  # its output is the next-token prediction
+        selected = recomputed_positions(context_ids, context, selected, query_ids)
         positions = np.asarray(selected + list(range(n, n + len(query_ids))), dtype=np.int64)
         stale = np.zeros(n, dtype=bool)
         stale[selected] = True
