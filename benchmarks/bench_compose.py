@@ -1,7 +1,7 @@
 """Time to first token: composed chunk KV vs full prefill, on a model (--model) and real code.
 
 Run: python benchmarks/bench_compose.py [--contexts 2048 4096] [--repeats 2] [--threads 2]
-         [--backend transformers llama.cpp] [--model gemma3] [--probe-cost]
+         [--backend transformers llama.cpp openvino] [--model gemma3] [--probe-cost]
 
 For each context length, chunks of the standard library (made into a git repository) are
 taken in a fixed order until the context holds that many tokens; a short question follows.
@@ -83,7 +83,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also profile one run per method: attention kernel's share of time")
     parser.add_argument("--backend", nargs="+", default=["transformers"],
-                        choices=["transformers", "llama.cpp"])
+                        choices=["transformers", "llama.cpp", "openvino"])
     parser.add_argument("--model", default=None,
                         help="a named model (smollm2, gemma3), a GGUF file or a model directory "
                              "[the default model]")

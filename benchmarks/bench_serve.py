@@ -232,7 +232,8 @@ def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> li
                                          Path(workdir) / mode, args.gguf, args.threads,
                                          args.context)
                 else:
-                    servers[mode] = Server(MODES[mode], keys, Path(workdir) / mode,
+                    rule = ["--strategy", args.strategy] if mode.startswith("compose") else []
+                    servers[mode] = Server(MODES[mode] + rule, keys, Path(workdir) / mode,
                                            args.model, args.threads, args.min_segment_tokens,
                                            args.backend)
             for server in servers.values():
@@ -454,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
                              "-t and -tb).")
     parser.add_argument("--backend", default="transformers",
                         choices=["transformers", "llama.cpp"], help="codekv's engine.")
+    parser.add_argument("--strategy", default="auto",
+                        help="The compose modes' rule (codekv serve --strategy) [auto: the "
+                             "gate's; with --experimental, its default where none licenses].")
     parser.add_argument("--llama-server", default=None,
                         help="The llama-server binary for the peer modes (make bench-peer).")
     parser.add_argument("--gguf", default=None,
