@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from codekv import paths
-from codekv.backends.engines import ENGINES, TRANSFORMERS
+from codekv.backends.engines import ENGINES, TRANSFORMERS, engines_help
 from codekv.chunks import DEFAULT_BUDGET
 from codekv.cli_types import StoreParam
 from codekv.conditioning import CONDITIONINGS
@@ -283,8 +283,7 @@ def _backend_option(function):
     return click.option(
         "--backend", "engine", default=TRANSFORMERS, show_default=True,
         type=click.Choice(ENGINES),
-        help="Engine: transformers (PyTorch) or llama.cpp (runs the GGUF as it is; needs the "
-             "llamacpp extra).",
+        help=engines_help(),
     )(function)
 
 

@@ -67,7 +67,7 @@ from codekv.grammars import register as register_language
 
 import toy_language
 
-register_engine(Engine("toy", "toy_engine:load", ("hf-directory",)))
+register_engine(Engine("toy", "toy_engine:load", ("hf-directory",), about="a throwaway"))
 register_workload(Workload("toy", "toy_workload:generate", "toy-note"))
 register_language(toy_language.TOY)
 '''
@@ -109,6 +109,7 @@ def test_the_command_line_runs_a_registered_engine(toys, git_repo, tmp_path):
     model = tiny_model_file("hf-directory", tmp_path)
     listed = run(toys, "compose", "--help")
     assert "[transformers|llama.cpp|openvino|toy]" in listed.stdout, listed.stderr
+    assert "openvino extra); toy (a throwaway)." in " ".join(listed.stdout.split())
     composed = run(toys, "compose", git_repo.root, "--chunk", "util.py", "--query", "what?",
                    "--backend", "toy", "--model", model, "--max-new-tokens", 1, "--json",
                    "--store", tmp_path / "store")

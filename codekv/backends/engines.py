@@ -35,6 +35,7 @@ class Engine:
     # How ``codekv serve`` keeps recent prompts on it: "module:class", a
     # ``codekv.serve.prompt_cache.PromptCache`` taking ``(backend, budget_bytes)``.
     prompt_cache: str = "codekv.serve.prompt_cache:KVPrompts"
+    about: str = ""  # what it runs, for the command line's --backend help
 
     def load(self, model: Path, dtype: str = "float32", device: str | None = None):
         module, _, function = self.loader.partition(":")
@@ -49,10 +50,19 @@ def register(engine: Engine) -> Engine:
     return engine
 
 
-register(Engine(TRANSFORMERS, "codekv.backends.hf_loader:load", ("gguf", "hf-directory")))
+def engines_help() -> str:
+    """The command line's ``--backend`` help: each engine and what it runs."""
+    return "Engine: " + "; ".join(f"{e.name} ({e.about})" if e.about else e.name
+                                  for e in ENGINES.values()) + "."
+
+
+register(Engine(TRANSFORMERS, "codekv.backends.hf_loader:load", ("gguf", "hf-directory"),
+                about="PyTorch"))
 register(Engine(LLAMA_CPP, "codekv.backends.llamacpp_loader:load", ("gguf",),
                 unserved=(("needs_deviation", "per-token KV deviation"),),
-                prompt_cache="codekv.serve.prompt_cache:KeptSequences"))
+                prompt_cache="codekv.serve.prompt_cache:KeptSequences",
+                about="runs the GGUF as it is; the llamacpp extra"))
 # The same models as transformers, their forward run as an OpenVINO IR (CPU, f32); the probes
 # that choose what to recompute run in PyTorch on the same weights.
-register(Engine(OPENVINO, "codekv.backends.openvino_loader:load", ("gguf", "hf-directory")))
+register(Engine(OPENVINO, "codekv.backends.openvino_loader:load", ("gguf", "hf-directory"),
+                about="the forward as an OpenVINO IR on the CPU; the openvino extra"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from codekv.backends.engines import ENGINES, TRANSFORMERS
+from codekv.backends.engines import ENGINES, TRANSFORMERS, engines_help
 from codekv.cli_types import StoreParam
 from codekv.selection import STRATEGIES
 from codekv.serve import COMPOSE, REUSE_MODES
@@ -61,8 +61,7 @@ def _repo_code(repos: tuple[str, ...], index_dir: Path | None) -> frozenset[str]
                                             "[the default SmolLM2-135M-Instruct].")
 @click.option("--backend", "engine", default=TRANSFORMERS, show_default=True,
               type=click.Choice(sorted(ENGINES)),
-              help="Engine: transformers (PyTorch) or llama.cpp (runs the GGUF as it is; needs "
-                   "the llamacpp extra).")
+              help=engines_help())
 @click.option("--served-model-name", default=None,
               help="The model id clients name [the model file's or directory's name].")
 @click.option("--store", type=StoreParam(shared=True), default=None,
