@@ -85,6 +85,7 @@ class Server:
             command += ["--api-key", key]
         env = {k: v for k, v in os.environ.items() if k not in ("CODEKV_STORE", "CODEKV_API_KEY")}
         env["OMP_NUM_THREADS"] = str(threads)  # torch's threads: on shared cores, fewer spin
+        env["CODEKV_LLAMA_THREADS"] = str(threads)  # llama.cpp's, as the peer's -t
         self.process = subprocess.Popen(command, stdout=self.log.open("wb"),
                                         stderr=subprocess.STDOUT, env=env)
 
@@ -451,8 +452,8 @@ def main(argv: list[str] | None = None) -> int:
                              "composed, and the shortest run shift-only moves (llama.vim's "
                              "advice for --cache-reuse is 256).")
     parser.add_argument("--threads", type=int, default=1,
-                        help="Each server's threads (torch's OMP_NUM_THREADS, llama-server's "
-                             "-t and -tb).")
+                        help="Each server's threads (torch's OMP_NUM_THREADS, codekv's "
+                             "$CODEKV_LLAMA_THREADS, llama-server's -t and -tb).")
     parser.add_argument("--backend", default="transformers",
                         choices=["transformers", "llama.cpp"], help="codekv's engine.")
     parser.add_argument("--strategy", default="auto",
