@@ -22,12 +22,13 @@ the previous request's runs shifted in order, nothing recomputed), ``compose`` (
 gate's rule: classes without evidence are computed in place) and ``compose-experimental``
 (every class reused). With ``--backend llama.cpp`` and ``--llama-server`` (the binary
 ``make bench-peer`` builds from the same vendored llama.cpp), the real peer too:
-``llama-server`` (its prompt cache, one slot) and ``llama-server-reuse`` (``--cache-reuse``
-at ``--min-segment-tokens``), on the same GGUF and threads. The peer takes no forced
-continuation, so with it give ``--greedy``: every mode decodes its own greedy reply, and a
-mode's replies are compared with the reference's (full prefill's KV) call by call. Its tokens
-through the model are its ``timings.prompt_n``; its ``cache_n`` counts as exact (the plain
-peer's prefix) or reused (with ``--cache-reuse``: the prefix and the runs it shifted).
+``llama-server`` (its prompt cache, one slot) and ``llama-server-reuse`` (its
+``--cache-reuse`` at ours, by default ``--min-segment-tokens``), on the same GGUF and threads.
+The peer takes no forced continuation, so with it give ``--greedy``: every mode decodes its
+own greedy reply, and a mode's replies are compared with the reference's (full prefill's KV)
+call by call. Its tokens through the model are its ``timings.prompt_n``; its ``cache_n``
+counts as exact (the plain peer's prefix) or reused (with ``--cache-reuse``: the prefix and
+the runs it shifted).
 
     python benchmarks/bench_serve.py --data DIR --manifest benchmarks/data/replay_sources.json \\
         --out benchmarks/results/serve_replay.json
@@ -60,7 +61,7 @@ MODES = {
     "compose": [],
     "compose-experimental": ["--experimental"],
 }
-# llama-server's own arguments per peer mode (``--cache-reuse`` gets --min-segment-tokens).
+# llama-server's own arguments per peer mode (``--cache-reuse`` gets the value: --cache-reuse).
 PEERS = {"llama-server": [], "llama-server-reuse": ["--cache-reuse"]}
 REFERENCE = "exact-only"
 PARTS = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
@@ -228,7 +229,8 @@ def replay(modes: list[str], trajectories: list[rs.Trajectory], args, log) -> li
             for mode in modes:
                 (Path(workdir) / mode).mkdir()
                 if mode in PEERS:
-                    reuse = [str(args.min_segment_tokens)] if PEERS[mode] else []
+                    reuse = [str(args.cache_reuse or args.min_segment_tokens)] if PEERS[mode] \
+                        else []
                     servers[mode] = Peer(args.llama_server, PEERS[mode] + reuse,
                                          Path(workdir) / mode, args.gguf, args.threads,
                                          args.context)
@@ -451,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Every server's --min-segment-tokens: the smallest segment "
                              "composed, and the shortest run shift-only moves (llama.vim's "
                              "advice for --cache-reuse is 256).")
+    parser.add_argument("--cache-reuse", type=int, default=None,
+                        help="llama-server-reuse's --cache-reuse [--min-segment-tokens].")
     parser.add_argument("--threads", type=int, default=1,
                         help="Each server's threads (torch's OMP_NUM_THREADS, codekv's "
                              "$CODEKV_LLAMA_THREADS, llama-server's -t and -tb).")
