@@ -61,7 +61,7 @@ MODES = {
     "compose": [],
     "compose-experimental": ["--experimental"],
 }
-# llama-server's own arguments per peer mode (``--cache-reuse`` gets the value: --cache-reuse).
+# llama-server's own arguments per peer mode (``--cache-reuse`` takes ours: --cache-reuse).
 PEERS = {"llama-server": [], "llama-server-reuse": ["--cache-reuse"]}
 REFERENCE = "exact-only"
 PARTS = ("exact_prefix_tokens", "reused_tokens", "recomputed_tokens", "prefilled_tokens")
