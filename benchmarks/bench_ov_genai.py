@@ -235,15 +235,6 @@ def package_dir(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def until_end(ids: list[int], ends: set[int]) -> list[int]:
     for i, token in enumerate(ids):
         if token in ends:
@@ -303,15 +294,9 @@ def summarize(rows: list[dict], modes: list[str]) -> list[dict]:
     return out
 
 
-def _fmt(value, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def table(summary: list[dict]) -> str:
+    from bench_serve import _fmt  # beside this file; not in the worker (it needs httpx)
+
     lines = ["| mode | calls | TTFT median s | TTFT p90 s | TTFT median, calls 2+ s | "
              "median prompt tokens | greedy reply as exact-only's | prompt ids as codekv's |",
              "|---|---|---|---|---|---|---|---|"]
@@ -345,6 +330,7 @@ def run(args) -> int:
     from codekv.serve import EXACT_ONLY
     from codekv.serve.chat import chat_prompt
     from codekv.serve.engine import Pipeline
+    from codekv.serve.shift import common_prefix
     from codekv.stores.local import LocalKVStore
 
     modes = [m for m in MODES if m in args.modes.split(",")]
