@@ -263,14 +263,9 @@ def codekv_call(pipeline, backend, prompt, reply_tokens: int, ends: set[int]) ->
             "codekv": served.outcome.as_json()}
 
 
-def quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summarize(rows: list[dict], modes: list[str]) -> list[dict]:
+    from bench_serve import quantile  # beside this file; not in the worker (it needs httpx)
+
     reference = {(r["session"], r["call"]): r["reply_ids"] for r in rows
                  if r["mode"] == REFERENCE}
     out = []
