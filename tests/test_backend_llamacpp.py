@@ -543,40 +543,40 @@ def test_a_chat_renders_with_the_ggufs_template_and_its_special_tokens(smollm_ll
     assert smollm_llama.markers["<|im_end|>"] in smollm_llama.end_token_ids
 
 
-def test_a_kept_sequence_serves_a_later_prompts_prefix_as_the_same_batches(tiny_gguf):
-    """A request's cells shared into a kept sequence (a server's recent prompt) outlive later
-    requests and chunk prefills; a prompt sharing its first tokens takes those cells as they
-    are: what llama.cpp gives decoding the new prompt in those two batches. Released, the
-    sequence holds nothing."""
-    from codekv.backends.llamacpp import KEPT_FIRST, KeptPrefix
+def test_a_kept_prompt_serves_a_later_prompts_prefix_as_the_same_batches(tiny_gguf):
+    """A request's state kept in host memory (a server's recent prompt) outlives later
+    requests and chunk prefills; a prompt sharing its first tokens takes those cells restored
+    and cut: what llama.cpp gives decoding the new prompt in those two batches. The kept
+    state is never changed by placing it, in the request context or the probe's."""
+    from codekv.backends.llamacpp import KeptPrefix
     from codekv.compose import query_probe_layers
 
     backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
-    backend.keep_sequences(2, 512)
-    L, seq = backend._L, KEPT_FIRST
     first = backend.tokenize(A.text + B.text)
     second = first[:20] + backend.tokenize(C.text)
-    kept = backend.keep(backend.full_prefill(first), seq, len(first))
-    assert kept == KeptPrefix(seq, len(first))
+    kept = backend.state_kv(backend.full_prefill(first), len(first))
+    before = kept.data.copy()
     backend.prefill_chunk(backend.tokenize(B.text))  # another request takes the context
-    assert L.llama_memory_seq_pos_max(backend._mem, seq) == len(first) - 1
-    prefix = KeptPrefix(seq, 20)
+    prefix = KeptPrefix(kept, 20)
     reference = backend.batch_reference(second, [20])
-    continued = backend.recompute(second[:20], backend.concat([prefix]), [], second[20:])
-    assert max_diff(continued.logits, reference.logits) <= SAME_BATCHES
-    assert continued.cuts == [20]
-    # The probe (another context) reads the kept cells saved and restored.
+    for _ in range(2):
+        continued = backend.recompute(second[:20], backend.concat([prefix]), [], second[20:])
+        assert max_diff(continued.logits, reference.logits) <= SAME_BATCHES
+        assert continued.cuts == [20]
+    # Only the request's cells are in the context: the kept prompt's stay outside it.
+    L, mem = backend._L, backend._mem
+    assert L.llama_n_ctx(backend._ctx) == 512 and L.llama_n_seq_max(backend._ctx) == 4
+    assert [L.llama_memory_seq_pos_max(mem, seq) for seq in range(4)] == [len(second) - 1,
+                                                                          -1, -1, -1]
+    # The probe (another context) reads the same cells.
     layers = query_probe_layers(backend.info.n_layers)
     query = backend.tokenize(QUERY)
-    saved = backend.head(backend.state_kv(backend.full_prefill(first), len(first)), 20)
+    saved = backend.head(kept, 20)
     assert torch.equal(backend.query_relevance([prefix], query, layers),
                        backend.query_relevance([saved], query, layers))
+    assert (kept.data == before).all()
     with pytest.raises(ValueError, match="kept prefix starts a request"):
         backend.concat([saved, backend.reposition(prefix, 20)])
-    with pytest.raises(ValueError, match="not a kept sequence"):
-        backend.keep(backend.full_prefill(first), KEPT_FIRST + 2, 5)
-    backend.release(seq)
-    assert L.llama_memory_seq_pos_max(backend._mem, seq) == -1
     backend.close()
 
 

@@ -30,7 +30,7 @@ require("llama_cpp", "llama-cpp-python is not installed (the 'llamacpp' extra)")
 require("openai", "the openai client is not installed (the 'serve' extra)")
 httpx = require("httpx", "httpx is not installed (the 'serve' extra)")
 
-from codekv.backends.llamacpp import KEPT_FIRST, LlamaCppBackend  # noqa: E402
+from codekv.backends.llamacpp import LlamaCppBackend  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +111,9 @@ def test_composed_and_kept_prefixes_reply_as_full_prefill_within_the_floor(llama
 
 
 @pytest.mark.model
-def test_a_request_extending_the_last_takes_its_kept_sequence(llama_server, reference):
-    """The next turn of a chat starts with the whole last prompt: kept in a llama.cpp
-    sequence, its cells serve as they are (its file inside the prefix is exact-prefix, not
+def test_a_request_extending_the_last_takes_its_kept_state(llama_server, reference):
+    """The next turn of a chat starts with the whole last prompt: kept as a llama.cpp
+    sequence state, its cells serve as they are (its file inside the prefix is exact-prefix, not
     reused), the rest is decoded after them; streamed or not, the same text."""
     client = llama_server.client()
     model = client.models.list().data[0].id
@@ -139,7 +139,7 @@ def test_a_request_extending_the_last_takes_its_kept_sequence(llama_server, refe
     assert_accounted(report, usage)
 
 
-# -- the kept sequences themselves, in process on the tiny GGUF ------------------------------
+# -- the kept prompts themselves, in process on the tiny GGUF ------------------------------
 
 
 def served(engine, text: str):
@@ -163,19 +163,6 @@ def served(engine, text: str):
     while engine.busy:  # segments are stored once the reply is out
         time.sleep(0.01)
     return events[0].outcome
-
-
-def kept_lengths(engine) -> dict[int, int]:
-    """Each kept sequence's cells, as llama.cpp reports them (-1: empty)."""
-    backend = engine.backend
-    return {seq: backend._L.llama_memory_seq_pos_max(backend._mem, seq) + 1
-            for seq in range(KEPT_FIRST, KEPT_FIRST + backend.kept_sequences)}
-
-
-def kept_seqs(engine) -> tuple[int, int]:
-    """The sequences of the least and the most recently used kept prompts."""
-    entries = list(engine.prefix.entries.values())
-    return entries[0].kv.seq, entries[-1].kv.seq
 
 
 @pytest.fixture
@@ -210,55 +197,42 @@ PROMPTS = [f"{word} is the word of prompt number {n}, and the rest of it is fill
                                      "grape", "honey", "ivy", "juniper"])]
 
 
-def test_kept_sequences_are_bounded_least_recently_used_out(tiny_engine):
-    from codekv.serve.prompt_cache import KEPT_SEQUENCES
+def kept_lengths(engine) -> list[int]:
+    """The kept prompts' lengths, least recently used first."""
+    return [entry.kv.n_tokens for entry in engine.prefix.entries.values()]
 
-    engine = tiny_engine()
-    assert engine.backend.kept_sequences == KEPT_SEQUENCES < len(PROMPTS)
+
+def test_kept_prompts_stay_within_the_budget_least_recently_used_out(tiny_engine):
+    """Recent prompts are kept as states in host memory within ``--prefix-cache-mb``, least
+    recently used out first; a prompt extending a kept one replaces it. The request's context
+    holds none of their cells: it is one request's size, however many prompts are kept."""
+    probe = tiny_engine(0)
+    assert served(probe, PROMPTS[0]).exact_prefix_tokens == 0
+    assert served(probe, PROMPTS[0]).exact_prefix_tokens == 0  # nothing kept
+    one = tiny_engine()
+    served(one, PROMPTS[1])
+    (entry,) = one.prefix.entries.values()
+    engine = tiny_engine(entry.nbytes * 5 // 2)  # room for two prompts
     lengths = [served(engine, text).prompt_tokens for text in PROMPTS]
-    assert len(engine.prefix.entries) == KEPT_SEQUENCES
-    # The newest prompts are held, each in a sequence of its own, whole; no other cells.
-    held = sorted(n for n in kept_lengths(engine).values() if n)
-    assert held == sorted(lengths[-KEPT_SEQUENCES:])
+    assert kept_lengths(engine) == lengths[-2:]
     again = served(engine, PROMPTS[-1])
     assert again.status == "exact-prefix" and again.exact_prefix_tokens == lengths[-1] - 1
     assert served(engine, PROMPTS[0]).exact_prefix_tokens == 0  # the oldest went first
-    # A prompt extending a kept one takes its cells and replaces it (in its sequence), and
-    # evicts no other.
-    (oldest, newest), kept = kept_seqs(engine), kept_lengths(engine)
-    assert kept[newest] == lengths[0] and kept[oldest] == lengths[3]  # 2 went, 3 is next
     extended = served(engine, PROMPTS[0] + " More words after it.")
     assert extended.exact_prefix_tokens == lengths[0]
-    assert kept_seqs(engine) == (oldest, newest)
-    assert kept_lengths(engine) == {**kept, newest: extended.prompt_tokens}
-    assert len(engine.prefix.entries) == KEPT_SEQUENCES
+    assert kept_lengths(engine) == [lengths[-1], extended.prompt_tokens]
+    backend = engine.backend
+    assert backend._L.llama_n_ctx(backend._ctx) == backend.n_ctx == 512
 
 
-def test_kept_cells_stay_within_the_budget(tiny_engine):
-    probe = tiny_engine(0)
-    assert probe.backend.kept_sequences == 0 and not probe.prefix.entries
-    assert served(probe, PROMPTS[0]).exact_prefix_tokens == 0
-    assert served(probe, PROMPTS[0]).exact_prefix_tokens == 0  # nothing kept
-    cell = probe.backend.cell_bytes
-    assert cell > 0
-    length = served(probe, PROMPTS[1]).prompt_tokens
-    engine = tiny_engine(cell * (2 * length + length // 2))  # room for two prompts' cells
-    for text in PROMPTS[:4]:
-        served(engine, text)
-    assert sum(kept_lengths(engine).values()) <= engine.backend.kept_cells
-    assert len(engine.prefix.entries) == 2
-    assert served(engine, PROMPTS[3]).exact_prefix_tokens > 0
-    assert served(engine, PROMPTS[0]).exact_prefix_tokens == 0
-
-
-def test_the_prompt_cache_keeps_sequences_and_the_last_prompt_but_shifts_no_spans(tiny_engine):
-    """llama.cpp's prompt cache says what it can do: the scope's last prompt is saved as a
-    state its segments are cut from, but kept cells cannot be shifted in place, so the server
-    refuses shift-only reuse."""
-    from codekv.serve.prompt_cache import KeptSequences
+def test_the_prompt_cache_keeps_states_and_the_last_prompt_but_shifts_no_spans(tiny_engine):
+    """llama.cpp's prompt cache says what it can do: kept prompts and the scope's last prompt
+    are states its segments are cut from; shift-only reuse was never measured there, so the
+    server refuses it."""
+    from codekv.serve.prompt_cache import KeptStates
 
     engine = tiny_engine()
-    assert isinstance(engine.prompts, KeptSequences) and engine.recent is not None
+    assert isinstance(engine.prompts, KeptStates) and engine.recent is not None
     assert engine.prompts.supports_last_prompt and not engine.prompts.supports_shift
     with pytest.raises(ValueError, match="shift-only reuse shifts spans"):
         tiny_engine(reuse="shift-only")
@@ -296,34 +270,6 @@ def test_segments_moved_by_a_new_turn_come_from_the_last_prompt(tiny_engine, sca
             assert outcome.status == "exact-prefix"
     assert scores["all"] == pytest.approx(scores["full"], abs=1e-3)
     assert max(abs(a - b) for a, b in zip(scores["none"], scores["store"], strict=True)) > 1e-3
-
-
-def test_kept_sequences_llama_cpp_cannot_hold_are_a_clear_error(tiny_gguf, tmp_path,
-                                                                 monkeypatch):
-    """More sequences than llama.cpp allows: the context cannot be made, so ``codekv serve``
-    stops at start with what to change, and the backend keeps the context it had."""
-    from click.testing import CliRunner
-
-    from codekv.backends import KeptSequencesError
-    from codekv.cli import main
-    from codekv.serve import prompt_cache
-
-    backend = LlamaCppBackend(tiny_gguf, n_ctx=512, kv_type="f32")
-    try:
-        with pytest.raises(KeptSequencesError, match="cannot make a context"):
-            backend.keep_sequences(4096, 4096)
-        assert backend.kept_sequences == 0
-        assert backend.prefill_chunk([1, 2, 3]).n_tokens == 3  # still usable
-    finally:
-        backend.close()
-
-    monkeypatch.setenv("CODEKV_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(prompt_cache, "KEPT_SEQUENCES", 4096)
-    result = CliRunner().invoke(main, ["serve", "--backend", "llama.cpp", "--model",
-                                       str(tiny_gguf), "--store", str(tmp_path / "kv")])
-    assert result.exit_code == 1, result.output
-    assert "cannot make a context" in result.output and "--prefix-cache-mb" in result.output
-    assert "Traceback" not in result.output
 
 
 SYSTEM_TEXT = "You review code and answer briefly, naming the functions you read."

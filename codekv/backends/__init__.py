@@ -30,11 +30,6 @@ class UnsupportedModel(Exception):
         self.reason = reason
 
 
-class KeptSequencesError(ValueError):
-    """The engine cannot hold the kept prompts asked for (llama.cpp allocates their cells up
-    front): the server says so at start, not with a traceback."""
-
-
 @dataclass(frozen=True)
 class ModelInfo:
     family: str  # the model_type, e.g. "llama"

@@ -60,7 +60,7 @@ register(Engine(TRANSFORMERS, "codekv.backends.hf_loader:load", ("gguf", "hf-dir
                 about="PyTorch"))
 register(Engine(LLAMA_CPP, "codekv.backends.llamacpp_loader:load", ("gguf",),
                 unserved=(("needs_deviation", "per-token KV deviation"),),
-                prompt_cache="codekv.serve.prompt_cache:KeptSequences",
+                prompt_cache="codekv.serve.prompt_cache:KeptStates",
                 about="runs the GGUF as it is; the llamacpp extra"))
 # The same models as transformers, their forward run as an OpenVINO IR (CPU, f32); the probes
 # that choose what to recompute run in PyTorch on the same weights.

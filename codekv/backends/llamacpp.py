@@ -19,11 +19,11 @@ KV cache type by the model fingerprint. A request is built in sequence 0 of one 
   many small decodes;
 - the query is decoded at the end of sequence 0.
 
-A server keeps recent prompts in sequences of their own (``keep_sequences``, from 3 on), as
-llama-server's slots: ``keep`` shares a request's first cells into one, and a later request
-starting with the same tokens places a ``KeptPrefix`` of it, whose cells are shared into
-sequence 0 (``seq_cp``: no copy, no restore, no decode). Starting a request clears sequences
-0-2 only, never the kept ones.
+A server keeps recent prompts as sequence states in host memory (``state_kv``), as
+llama-server's prompt cache does: a later request starting with the same tokens places a
+``KeptPrefix`` of one, restored into sequence 0 and cut after its first tokens. Kept prompts
+never hold cells of the context: without flash attention llama.cpp scores each batch against
+every used cell, other sequences' included, so prompts kept there would slow every request.
 
 A sliding-window model (Gemma 3) runs with ``swa_full``: its window layers' cache keeps every
 cell, so llama.cpp can shift them (the K-shift rotates each layer with its own RoPE base) and the
@@ -61,7 +61,6 @@ import numpy as np
 import torch
 
 from codekv.backends import (
-    KeptSequencesError,
     ModelInfo,
     UnsupportedModel,
     mean_nll,
@@ -83,7 +82,6 @@ REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a 
 # decoding would then overwrite request cells that a run recomputed in the middle, or a token
 # after a rewind, still attends to. Every request cell is also held by PIN, so none is.
 PIN = 3
-KEPT_FIRST = 4  # kept sequences (a server's recent prompts) are 4, 5, ...
 KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}  # bytes per value (q8_0: 32 in 34 bytes)
 DEVIATION_REFUSAL = (
     "llama.cpp keeps KV as an opaque per-sequence state: per-token KV deviation cannot be "
@@ -129,17 +127,17 @@ class SequenceState:
         return int(self.data.nbytes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KeptPrefix:
-    """The first ``n_tokens`` cells (positions 0..) of kept sequence ``seq``: placed by sharing
-    its cells into the request, never restored or recomputed."""
+    """The first ``n_tokens`` cells (positions 0..) of a kept prompt's state: placed by
+    restoring the state and dropping the cells after them, never cut and saved again."""
 
-    seq: int
+    state: SequenceState
     n_tokens: int
     start: int = 0
 
     def nbytes(self) -> int:
-        return 0  # the cells belong to the kept sequence; the context's memory holds them
+        return 0  # the state belongs to the prompt cache that keeps it
 
 
 @dataclass(frozen=True)
@@ -201,7 +199,6 @@ class LlamaCppBackend:
         self.n_batch = n_batch
         self.kv_type = kv_type
         self._threads = threads
-        self.kept_sequences, self.kept_cells = 0, 0
         self._ctx = L.llama_init_from_model(self._model, self._context_params())
         if not self._ctx:
             L.llama_model_free(self._model)
@@ -235,14 +232,13 @@ class LlamaCppBackend:
         )
         self._identity = identity
 
-    def _context_params(self, reader: AttentionReader | None = None, kept: bool = False):
-        """The request context's parameters (``kept``: with the kept sequences' room), or the
-        probe's (``reader``)."""
+    def _context_params(self, reader: AttentionReader | None = None):
+        """The request context's parameters, or the probe's (``reader``)."""
         L = self._L
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx + (self.kept_cells if kept else 0)
+        cparams.n_ctx = self.n_ctx
         cparams.n_batch = cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = KEPT_FIRST + (self.kept_sequences if kept else 0)
+        cparams.n_seq_max = PIN + 1
         cparams.kv_unified = True  # sequences share cells (seq_cp shares, never copies)
         cparams.n_threads = cparams.n_threads_batch = self._threads
         cparams.type_k = cparams.type_v = KV_TYPES[self.kv_type]
@@ -404,78 +400,10 @@ class LlamaCppBackend:
 
     # -- the context ---------------------------------------------------------------------
     def _take_context(self) -> int:
-        """Start over: the request's and scratch sequences empty (kept ones stay); the
-        previous request state is no longer usable."""
-        if self.kept_sequences:
-            for seq in (REQUEST, CHUNK, RUN, PIN):
-                self._L.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        else:
-            self._L.llama_memory_clear(self._mem, False)
+        """Start over: every sequence empty; the previous request state is no longer usable."""
+        self._L.llama_memory_clear(self._mem, False)
         self._ticket += 1
         return self._ticket
-
-    # -- kept sequences (a server's recent prompts, as llama-server's slots) ---------------
-    @property
-    def cell_bytes(self) -> int:
-        """Bytes one token's cell takes in the KV cache (K and V of every layer)."""
-        L, model = self._L, self._model
-        arch = self._meta("general.architecture") or ""
-        head = L.llama_model_n_embd(model) // max(L.llama_model_n_head(model), 1)
-        widths = [int(self._meta(f"{arch}.attention.{name}_length") or head)
-                  for name in ("key", "value")]
-        per_layer = L.llama_model_n_head_kv(model) * sum(widths) * KV_BYTES[self.kv_type]
-        return int(L.llama_model_n_layer(model) * per_layer)
-
-    def keep_sequences(self, count: int, cells: int) -> None:
-        """Room for ``count`` kept sequences holding up to ``cells`` cells between them
-        besides a whole request's: the request context is made again with that room (every
-        request state and kept sequence so far is gone)."""
-        if count < 0 or cells < 0 or (count == 0) != (cells == 0):
-            raise ValueError(f"kept sequences need a count and cells both > 0 or both 0, not "
-                             f"{count} and {cells}")
-        L = self._L
-        previous = (self.kept_sequences, self.kept_cells)
-        self.kept_sequences, self.kept_cells = count, cells
-        ctx = L.llama_init_from_model(self._model, self._context_params(kept=True))
-        if not ctx:
-            self.kept_sequences, self.kept_cells = previous
-            raise KeptSequencesError(f"llama.cpp cannot make a context of "
-                                     f"{self.n_ctx + cells} cells and {KEPT_FIRST + count} "
-                                     f"sequences for {self.path}")
-        L.llama_free(self._ctx)
-        self._ctx, self._mem = ctx, L.llama_get_memory(ctx)
-        self._ticket += 1
-
-    def _kept(self, seq: int) -> int:
-        if not KEPT_FIRST <= seq < KEPT_FIRST + self.kept_sequences:
-            raise ValueError(f"sequence {seq} is not a kept sequence (there are "
-                             f"{self.kept_sequences}, from {KEPT_FIRST})")
-        return seq
-
-    def keep(self, state: LlamaRequest, seq: int, n_tokens: int) -> KeptPrefix:
-        """Share the request's first ``n_tokens`` cells into kept sequence ``seq`` (what it
-        held is dropped first); they stay when later requests take the context."""
-        self._check(state)
-        if not 0 < n_tokens <= state.length:
-            raise ValueError(f"{n_tokens} tokens of a state of {state.length}")
-        L, mem = self._L, self._mem
-        L.llama_memory_seq_rm(mem, self._kept(seq), -1, -1)
-        L.llama_memory_seq_cp(mem, REQUEST, seq, 0, n_tokens)
-        return KeptPrefix(seq, n_tokens)
-
-    def release(self, seq: int) -> None:
-        """Empty kept sequence ``seq``: cells no other sequence shares are free again."""
-        self._L.llama_memory_seq_rm(self._mem, self._kept(seq), -1, -1)
-
-    def kept_state(self, part: KeptPrefix) -> SequenceState:
-        """A kept prefix saved as a sequence state of its own (for the probe, another context,
-        or to outlive its kept sequence)."""
-        L, mem = self._L, self._mem
-        L.llama_memory_seq_cp(mem, self._kept(part.seq), CHUNK, 0, part.n_tokens)
-        try:
-            return self._save(CHUNK, part.n_tokens, 0)
-        finally:
-            L.llama_memory_seq_rm(mem, CHUNK, -1, -1)
 
     def _pin(self, source: int, p0: int, p1: int, mem=None) -> None:
         """Hold ``source``'s cells at positions [p0, p1) of the request in PIN too (a
@@ -537,11 +465,9 @@ class LlamaCppBackend:
         """Sequence ``seq``'s cells as a state. ``alone``: no other sequence holds cells, so
         every cell is saved as the whole cache's (sequence -1): a sequence's own state leaves
         out the cells its sliding-window layers no longer attend to (all but the last
-        window's), which a recompute inside the span needs. Not while kept sequences hold
-        cells (theirs would be saved too): then a sliding-window model's state is the
-        sequence's own."""
+        window's), which a recompute inside the span needs."""
         L = self._L
-        which = -1 if alone and self._windowed and not self.kept_sequences else seq
+        which = -1 if alone and self._windowed else seq
         size = L.llama_state_seq_get_size(self._ctx, which)
         data = np.empty(size, dtype=np.uint8)
         written = L.llama_state_seq_get_data(
@@ -703,21 +629,18 @@ class LlamaCppBackend:
         return self._probe_ctx, self._reader
 
     def _place(self, context: list[SequenceState], ctx, mem) -> None:
-        """Each part's state restored in scratch sequence 1, shifted to its start and shared
-        into sequence 0 (the K-shift runs at the next decode); a kept prefix's cells shared
-        into sequence 0 as they are (in the probe context: saved and restored)."""
+        """Each part's state restored in scratch sequence 1 (a kept prefix's cut after its
+        tokens), shifted to its start and shared into sequence 0 (the K-shift runs at the next
+        decode)."""
         L = self._L
         for part in context:
             if isinstance(part, Gap):
                 continue  # no cells until recomputed in place
+            state = part.state if isinstance(part, KeptPrefix) else part
+            self._restore(state, CHUNK, ctx)
             if isinstance(part, KeptPrefix):
-                if ctx is self._ctx:  # its cells are here: shared, not copied
-                    L.llama_memory_seq_cp(mem, self._kept(part.seq), REQUEST, 0, part.n_tokens)
-                    self._pin(REQUEST, 0, part.n_tokens, mem)
-                    continue
-                part = self.kept_state(part)
-            self._restore(part, CHUNK, ctx)
-            if part.start != part.saved_at:
+                L.llama_memory_seq_rm(mem, CHUNK, part.n_tokens, -1)
+            elif part.start != part.saved_at:
                 L.llama_memory_seq_add(mem, CHUNK, -1, -1, part.start - part.saved_at)
             L.llama_memory_seq_cp(mem, CHUNK, REQUEST, -1, -1)
             self._pin(CHUNK, -1, -1, mem)  # before the next part's cells are found room

@@ -121,7 +121,6 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
     except ImportError as error:
         raise click.ClickException(f"codekv serve needs the 'serve' extra: pip install "
                                    f"'codekv[serve]' ({error})") from error
-    from codekv.backends import KeptSequencesError
     from codekv.gate import SupportGate
     from codekv.models import ModelLoadError, load_backend
 
@@ -141,9 +140,6 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
                           strategy=strategy, ratio=ratio, min_segment_tokens=min_segment_tokens,
                           known_code=known_code, max_queue=max_queue,
                           prefix_budget_bytes=prefix_cache_mb << 20, reuse=reuse)
-    except KeptSequencesError as error:  # llama.cpp allocates the kept prompts' cells up front
-        raise click.ClickException(f"{error}: give a smaller --prefix-cache-mb (0 keeps no "
-                                   "recent prompts)") from error
     except ValueError as error:  # a --reuse the engine cannot serve
         raise click.ClickException(f"--reuse {reuse}: {error}") from error
     name = served_model_name or _model_name(model)

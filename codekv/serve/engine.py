@@ -232,7 +232,7 @@ class Pipeline:
         self.prefix = self.prompts.prefix
         if reuse == SHIFT_ONLY and not self.prompts.supports_shift:
             raise ValueError(f"shift-only reuse shifts spans of kept prompts into place, which "
-                             f"{backend.info.engine} keeps in cells that cannot be cut out")
+                             f"the prompt cache on {backend.info.engine} does not do")
         self.reuse = reuse
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
                       if reuse == SHIFT_ONLY else None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,13 +48,8 @@ def common_length(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class ExactPrefixLRU:
-    """``on_drop(kv)`` is called for each kept prompt dropped (where its KV lives outside
-    Python's memory: a llama.cpp sequence to free)."""
-
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES,
-                 on_drop: Callable[[Any], None] | None = None):
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
         self.budget_bytes = budget_bytes
-        self.on_drop = on_drop
         self.entries: OrderedDict[tuple[str, bytes], Entry] = OrderedDict()  # LRU first
         self.bytes = 0
         self.hits = 0
@@ -110,11 +104,6 @@ class ExactPrefixLRU:
         while self.bytes > self.budget_bytes:
             self._drop(next(iter(self.entries)))
         return True
-
-    def drop_least_recent(self) -> None:
-        """Forget the least recently used kept prompt (of any scope), if there is one."""
-        if self.entries:
-            self._drop(next(iter(self.entries)))
 
     # -- the tree ------------------------------------------------------------------------
 
@@ -193,5 +182,3 @@ class ExactPrefixLRU:
             node = parent
         if node.parent is None and node.key is None and not node.children:
             del self._roots[key[0]]
-        if self.on_drop is not None:
-            self.on_drop(entry.kv)
