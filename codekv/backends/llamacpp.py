@@ -82,7 +82,6 @@ REQUEST, CHUNK, RUN = 0, 1, 2  # sequence ids: the request, a restored chunk, a 
 # decoding would then overwrite request cells that a run recomputed in the middle, or a token
 # after a rewind, still attends to. Every request cell is also held by PIN, so none is.
 PIN = 3
-KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}  # bytes per value (q8_0: 32 in 34 bytes)
 DEVIATION_REFUSAL = (
     "llama.cpp keeps KV as an opaque per-sequence state: per-token KV deviation cannot be "
     "scored without reading K/V tensors"
