@@ -17,19 +17,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from codekv.serve.shift import common_prefix
+
 SYSTEM_PROMPT = (
     "You are a coding agent working in a git repository. Read the code below, then answer the "
     "question or complete the code. Use only what the repository defines.\n\n"
 )
-
-
-def _common(a: list, b: list) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class _PrefixTrie:
@@ -46,7 +39,7 @@ class _PrefixTrie:
                 node = node[name][1]
                 continue
             # Diverging here: the best partial match against any request continuing otherwise.
-            matched += max((_common(tokens, other) for other, _ in node.values()), default=0)
+            matched += max((common_prefix(tokens, other) for other, _ in node.values()), default=0)
             break
         return matched
 
