@@ -26,10 +26,19 @@ class ChunkKind(StrEnum):
 
 OTHER_REPOS, OTHER_SEED = "repos", "seed"  # where held-out tasks are drawn from
 # Where a reused segment's KV came from: the chunk store (computed alone, after what its key
-# says) or the scope's last prompt (computed there, among nearly the same neighbours). The gate
-# rules on each by the evidence of the workload that measured that source.
-STORE, LAST_PROMPT = "store", "last-prompt"
-SOURCES = (LAST_PROMPT, STORE)
+# says), the scope's last prompt (computed there, among nearly the same neighbours), or the
+# last prompt's part of a segment that changed since (its unchanged head or tail: computed
+# there against the span that changed). The gate rules on each by the evidence of the workload
+# that measured that source.
+STORE, LAST_PROMPT, LAST_PROMPT_PART = "store", "last-prompt", "last-prompt-part"
+SOURCES = (LAST_PROMPT, LAST_PROMPT_PART, STORE)
+FROM_LAST_PROMPT = (LAST_PROMPT, LAST_PROMPT_PART)
+
+
+def reads(source: str) -> tuple[str, ...]:
+    """The sources a pipeline measuring ``source`` reads: parts of changed segments are
+    measured together with the whole segments around them, as the server reuses them."""
+    return (LAST_PROMPT, LAST_PROMPT_PART) if source == LAST_PROMPT_PART else (source,)
 # What a request may be composed with, so what the gate may license: a rule that recomputes a
 # share (not one that recomputes everything: that is full prefill at a higher cost) and
 # re-positions (not the baseline that skips it: it only shows the damage), and not a control.
@@ -52,7 +61,7 @@ class Workload:
     by_language: bool = False
     # Where held-out tasks come from: other repositories (OTHER_REPOS) or another seed.
     held_out_by: str = OTHER_SEED
-    # Where the KV its methods reuse comes from (STORE or LAST_PROMPT): a workload of the last
+    # Where the KV its methods reuse comes from (one of SOURCES): a workload of the last
     # prompt licenses segments of every kind taken from there, and ``chunk_kind`` is what most
     # of them are.
     source: str = STORE
@@ -95,7 +104,7 @@ def workload_of(chunk_kind: str, source: str = STORE) -> str:
     """The workload whose evidence covers chunks of ``chunk_kind`` whose KV came from
     ``source``."""
     for workload in WORKLOADS.values():
-        if workload.source == source and (source == LAST_PROMPT
+        if workload.source == source and (source in FROM_LAST_PROMPT
                                           or workload.chunk_kind == chunk_kind):
             return workload.name
     raise KeyError(f"no workload covers {chunk_kind!r} chunks from the {source}")
@@ -120,3 +129,6 @@ register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", ChunkKin
 register(Workload("agent-session", "codekv.eval.sessions:agent_session_tasks", ChunkKind.CODE,
                   needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
                   source=LAST_PROMPT, by_default=False))
+register(Workload("agent-session-parts", "codekv.eval.sessions:agent_session_part_tasks",
+                  ChunkKind.CODE, needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
+                  source=LAST_PROMPT_PART, by_default=False))

@@ -116,6 +116,74 @@ def test_after_a_changed_span_the_rest_comes_from_the_last_prompt(engine_of, sha
     assert recomputed.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
 
 
+RULES = "Quote the code you rely on.\n\n"
+# (first system message, second): a change at its start, and one deep inside it (past what
+# the exact prefix serves before it stops inside the message)
+CHANGED = {
+    "a header before the text": (HEADER + SYSTEM + RULES, LONGER_HEADER + SYSTEM + RULES),
+    "an id deep inside": (SYSTEM + RULES + "Id 7f3a.\n" + RULES,
+                          SYSTEM + RULES + "Id 5be14d77.\n" + RULES),
+}
+
+
+@pytest.mark.parametrize("change", CHANGED)
+def test_a_changed_segments_unchanged_tail_is_taken_from_the_last_prompt(engine_of, change):
+    """Where a message changed inside, the text after the change is taken from the last
+    prompt as computed there (a part: the segment is not found whole), re-positioned; the
+    change is computed in place. With every token recomputed, the reply scores as full
+    prefill's."""
+    old, new = CHANGED[change]
+    first, second = (old, FILE, QUESTION), (new, FILE, QUESTION)
+    engine, everything, exact = (engine_of(strategy="none"), engine_of(strategy="all"),
+                                 engine_of(reuse="exact-only"))
+    backend = engine.backend
+    for each in (engine, everything):
+        served(each, "agent", first)
+    outcome = served(engine, "agent", second)
+    assert outcome.status == "composed" and outcome.parts_from_last_prompt == 1
+    assert outcome.segments_from_last_prompt == 2  # the part and the file
+    assert outcome.recomputed_tokens == 0
+    # The tail: the tokens the two system messages end with, where the prompts have them.
+    ends = [token_span(backend, prompt, 0)[1] for prompt in (first, second)]
+    ids = [backend.tokenize_prompt("".join(prompt))[0] for prompt in (first, second)]
+    tail = next(n for n in range(1, min(ends) + 1) if ids[0][ends[0] - n] != ids[1][ends[1] - n])
+    tail -= 1
+    assert tail >= 8
+    full = backend.state_kv(backend.full_prefill(ids[0]), len(ids[0]))
+    in_place = backend.reposition(backend.span(full, ends[0] - tail, ends[0]), ends[1] - tail)
+    kept = backend.span(engine.recent.prompts["agent"].kv, ends[1] - tail, ends[1])
+    for want, got in zip(in_place.keys + in_place.values, kept.keys + kept.values, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    recomputed = served(everything, "agent", second)
+    assert recomputed.parts_from_last_prompt == 1
+    reference = served(exact, "agent", second)
+    assert recomputed.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
+
+
+def test_parts_are_the_longest_head_and_tail_a_segment_shares_with_the_last_prompt():
+    from codekv.serve.recent import Part, RecentPrompts
+
+    class Kept:
+        def nbytes(self):
+            return 0
+
+    recent = RecentPrompts(backend=None, budget_bytes=1)
+    last = list(range(100, 130)) + list(range(200, 220))  # two segments: 30 and 20 tokens
+    recent.remember("s", last, [(0, 30), (30, 50)], Kept())
+    changed = [1, 2, 3] + list(range(103, 130))  # a new head, the first segment's tail
+    assert recent.parts("s", changed, 8) == [Part(3, 3, 27)]
+    grown = list(range(100, 130)) + [7, 8]  # the first segment's head, then new tokens
+    assert recent.parts("s", grown, 8) == [Part(0, 0, 30)]
+    middle = list(range(100, 110)) + [5] + list(range(111, 130))  # one token changed inside
+    assert recent.parts("s", middle, 8) == [Part(0, 0, 10), Part(11, 11, 19)]
+    assert recent.parts("s", list(range(100, 105)) + [5] * 20, 8) == []  # a head too short
+    two = list(range(200, 220)) + list(range(110, 130))  # heads and tails of two segments
+    assert recent.parts("s", two, 8) == [Part(0, 30, 20), Part(20, 10, 20)]
+    assert recent.parts("other", changed, 8) == []
+    recent.remember("r", [5] * 25, [(0, 25)], Kept())
+    assert recent.parts("r", [5] * 20, 8) == [Part(0, 0, 20)]  # no tail over the head
+
+
 def test_only_the_last_prompt_is_kept_and_within_the_budget(engine_of):
     engine = engine_of(strategy="none")
     served(engine, "agent", (SYSTEM, NOTE, FILE, QUESTION))
@@ -244,5 +312,35 @@ def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path
         assert outcome.status == "composed" and outcome.strategy == "boundary"
         assert outcome.segments_from_last_prompt == from_last
         assert outcome.segments_reused - outcome.segments_from_last_prompt == from_store
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("licensed, parts", [
+    (("agent-session",), 0),  # whole segments only: the changed message computed in place
+    (("agent-session", "agent-session-parts"), 1),
+])
+def test_the_gate_licenses_parts_of_changed_segments_apart(tiny_backend, tmp_path, licensed,
+                                                           parts):
+    from fixtures.evidence import covering
+
+    from codekv.gate import SupportGate
+    from codekv.serve.engine import Engine
+    from codekv.stores.local import LocalKVStore
+
+    backend = tiny_backend()
+    gate = SupportGate([covering({"family": "llama", "workload": workload, "passed": True,
+                                  "strategy": "none", "held_out": {"passed": True}},
+                                 backend.info.fingerprint) for workload in licensed], "test")
+    engine = Engine(backend, LocalKVStore(tmp_path / "kv"), gate, min_segment_tokens=8)
+    try:
+        old, new = CHANGED["a header before the text"]
+        served(engine, "agent", (old, FILE, QUESTION))
+        outcome = served(engine, "agent", (new, FILE, QUESTION))
+        assert outcome.status == "composed" and outcome.strategy == "none"
+        assert outcome.parts_from_last_prompt == parts
+        assert outcome.segments_from_last_prompt == 1 + parts  # the file, and the part
+        if not parts:
+            assert "agent-session-parts" in outcome.fallback_reason
     finally:
         engine.close()

@@ -72,20 +72,22 @@ FILE_A = "def area(width, height):\n    return width * height  # in square units
 FILE_B = "def perimeter(width, height):\n    return 2 * (width + height)  # around it\n"
 
 
-def session_task():
-    """Two calls of a session by hand: a new turn goes in before the files it re-sends."""
+def session_task(workload="agent-session", systems=("You edit code.", "You edit code.")):
+    """Two calls of a session by hand: a new turn goes in before the files it re-sends (and
+    the system message changes as ``systems`` say)."""
     from codekv.eval.workloads import Task
 
     files = sessions.FILES_LEAD + f"a.py\n````\n{FILE_A}````\n\nb.py\n````\n{FILE_B}````\n"
-    first = [{"role": "system", "content": "You edit code."},
+    first = [{"role": "system", "content": systems[0]},
              {"role": "user", "content": files},
              {"role": "user", "content": "Add a docstring to area."}]
-    second = [*first[:1], {"role": "user", "content": "Add a docstring to area."},
+    second = [{"role": "system", "content": systems[1]},
+              {"role": "user", "content": "Add a docstring to area."},
               {"role": "assistant", "content": "Done."}, *first[1:2],
               {"role": "user", "content": "Now rename perimeter."}]
     partial = sessions.reply_start("b.py", "perimeter") + "def perimeter(width, height):"
     calls = [sessions.SessionPrompt(first), sessions.SessionPrompt(second, partial)]
-    return Task("agent-session", "t-1", "recall", [], partial,
+    return Task(workload, "t-1", "recall", [], partial,
                 "\n    return 2 * (width + height)  # around it", "b.py",
                 {"session": "s", "call": 1, "language": "python"}, calls=calls)
 
@@ -107,12 +109,44 @@ def test_served_calls_compose_from_the_last_prompt_and_all_is_full_prefill(tiny_
         assert result.status == "composed", label
         assert result.report.reused_tokens + result.report.recomputed_tokens > 0
         assert result.state.length == reference.state.length
-    pipeline, _ = serving.pipelines[Method("none", 0.0).label]
+    pipeline, _ = serving.pipelines[Method("none", 0.0).label, ("last-prompt",)]
     assert pipeline.recent.prompts  # the first call was served, and kept, before the task
     torch.testing.assert_close(results["all"].state.logits, reference.state.logits,
                                rtol=1e-4, atol=1e-4)
     assert results["none"].report.reused_tokens > 0
     assert not torch.allclose(results["none"].state.logits, reference.state.logits, atol=1e-4)
+
+
+def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_parts(
+        tiny_model_dir, tmp_path, stdlib_files):
+    """``agent-session-parts`` draws the agent-session tasks and serves them reading the
+    unchanged parts of changed segments as well: a header changed before the system prompt's
+    text leaves the text to reuse."""
+    from codekv.eval.methods import Method
+    from codekv.eval.serving import Serving
+    from codekv.models import load_backend
+    from codekv.stores.local import LocalKVStore
+
+    def drawn(make):
+        return [(t.query, t.answer, [c.messages for c in t.calls])
+                for t in make(4, 0, 8192, approx_tokens, stdlib_files, 256)]
+
+    assert drawn(sessions.agent_session_part_tasks) == drawn(sessions.agent_session_tasks)
+    backend = load_backend(str(tiny_model_dir))
+    text = ("You edit code. Answer with SEARCH/REPLACE blocks of the files in the chat, and "
+            "ask when a request is ambiguous.")
+    systems = (f"Request 1f.\n{text}", f"Request 20ab.\n{text}")
+    reused = {}
+    for workload in ("agent-session", "agent-session-parts"):
+        serving = Serving([Method("none", 0.0)])
+        composer = SimpleNamespace(backend=backend, store=LocalKVStore(tmp_path / workload))
+        [(_, result)] = serving.results(composer, session_task(workload, systems))
+        reused[workload] = result.report.reused_tokens
+        [(_, sources)] = serving.pipelines
+        assert sources == (("last-prompt",) if workload == "agent-session"
+                           else ("last-prompt", "last-prompt-part"))
+    text_tokens = len(backend.tokenize(text))
+    assert reused["agent-session-parts"] - reused["agent-session"] >= text_tokens - 2
 
 
 def test_a_file_that_does_not_parse_is_left_out_of_every_session(git_repo, byte_counter):

@@ -17,7 +17,7 @@ from codekv.eval.repos import SECOND_REPO_PACKAGE
 from codekv.eval.results import aggregate, comparisons
 from codekv.eval.support import Thresholds, gate_entries
 from codekv.eval.workloads import CodeSource, generate
-from codekv.schema import LAST_PROMPT, WORKLOADS, default_workloads
+from codekv.schema import FROM_LAST_PROMPT, WORKLOADS, default_workloads
 
 # --quick: few tasks, one ratio, one KV budget, short contexts - minutes on two cores.
 QUICK = {"tasks": 2, "ratios": (0.15,), "context_tokens": 512, "max_query_tokens": 128,
@@ -290,7 +290,7 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
     strategies = _runnable(config.strategies, backend, notes)
     composing = methods.composition_methods(strategies, config.ratios, config.conditioning)
     out: list[runner.MethodRunner] = [runner.Composition(composing)]
-    if any(WORKLOADS[w].source == LAST_PROMPT for w in config.workloads):
+    if any(WORKLOADS[w].source in FROM_LAST_PROMPT for w in config.workloads):
         from codekv.eval.serving import Serving
 
         # The server's pipeline composes with its rule; chunk KV conditioning and shift-only

@@ -49,10 +49,11 @@ def check_positions(config, positions: int | None, prefix_tokens: int = 0) -> No
     the context alone. Before the model loads, the prompt is not counted yet
     (``prefix_tokens`` 0)."""
     from codekv.eval.runner import ANSWER_TOKENS
+    from codekv.schema import FROM_LAST_PROMPT, WORKLOADS
 
     if positions is None:
         return
-    if any(w != "agent-session" for w in config.workloads):
+    if any(WORKLOADS[w].source not in FROM_LAST_PROMPT for w in config.workloads):
         other = prefix_tokens + config.max_query_tokens + ANSWER_TOKENS
     else:
         other = 0

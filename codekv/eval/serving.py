@@ -1,10 +1,10 @@
 """Agent-session tasks served by ``codekv serve``'s own pipeline (``serve.engine.Pipeline``).
 
 Each method is a pipeline of its own (its rule, reusing KV from the scope's last prompt alone:
-the source the agent-session workload measures) that serves every call of a session in order,
-as the server would: a call's last prompt is what that pipeline made of the call before. A
-task's composed state is the one the pipeline builds for its call; the reference is full
-prefill of the same prompt tokens (``full_prefill``).
+the sources the task's workload measures, ``schema.reads``) that serves every call of a session
+in order, as the server would: a call's last prompt is what that pipeline made of the call
+before. A task's composed state is the one the pipeline builds for its call; the reference is
+full prefill of the same prompt tokens (``full_prefill``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from codekv.eval.methods import Method
 from codekv.request import FULL_PREFILL, Report
-from codekv.schema import LAST_PROMPT
+from codekv.schema import WORKLOADS, reads
 
 PROMPT_BUDGET_BYTES = 2 << 30  # per pipeline: its exact prefixes and last prompts
 
@@ -60,7 +60,8 @@ class Serving:
 
     methods: list[Method]
     tasks: int | None = None
-    pipelines: dict = field(default_factory=dict)  # method label -> (Pipeline, scope -> calls)
+    # (method label, sources) -> (Pipeline, scope -> calls)
+    pipelines: dict = field(default_factory=dict)
     sessions = True
 
     def count(self, workload: str) -> int:
@@ -69,8 +70,9 @@ class Serving:
     def results(self, composer, task, prefix: str | None = None
                 ) -> Generator[tuple[Method, object], None, None]:
         scope = f"{task.meta.get('repo', '')}/{task.meta['session']}"
+        sources = reads(WORKLOADS[task.workload].source)
         for method in self.methods:
-            pipeline, served = self._pipeline(composer, method)
+            pipeline, served = self._pipeline(composer, method, sources)
             # The session's earlier calls, where this pipeline has not served them (its first
             # task, or a run resumed from a checkpoint): served as the server would have.
             for call in task.calls[served.get(scope, 0):-1]:
@@ -81,8 +83,8 @@ class Serving:
             yield method, Served(result.outcome.status, report, result.state)
             pipeline.done(scope, result)  # the state as the prefill left it: scoring rewinds
 
-    def _pipeline(self, composer, method: Method):
-        if method.label not in self.pipelines:
+    def _pipeline(self, composer, method: Method, sources: tuple[str, ...]):
+        if (method.label, sources) not in self.pipelines:
             from codekv.gate import SupportGate
             from codekv.serve.engine import Pipeline
 
@@ -91,9 +93,9 @@ class Serving:
             pipeline = Pipeline(composer.backend, composer.store,
                                 SupportGate([], "the evaluation"),
                                 experimental=True, strategy=method.strategy, ratio=method.ratio,
-                                prefix_budget_bytes=PROMPT_BUDGET_BYTES, sources=(LAST_PROMPT,))
-            self.pipelines[method.label] = (pipeline, {})
-        return self.pipelines[method.label]
+                                prefix_budget_bytes=PROMPT_BUDGET_BYTES, sources=sources)
+            self.pipelines[method.label, sources] = (pipeline, {})
+        return self.pipelines[method.label, sources]
 
 
 def _report(backend, outcome, task) -> Report:

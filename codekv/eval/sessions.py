@@ -245,7 +245,7 @@ class SessionPrompt:
 
 
 def agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
-                        languages=None) -> list:
+                        languages=None, workload: str = "agent-session") -> list:
     """``n`` tasks (calls after each session's first) of sessions over the indexed
     repository's Python files, each session's prompts between half ``context_tokens`` and all
     of it."""
@@ -274,7 +274,7 @@ def agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
             prompts.append(SessionPrompt(call.messages, asked if number else ""))
             if number == 0 or partial is None:
                 continue
-            tasks.append(Task("agent-session", f"agent-session-{seed}-{session.name}-{number}",
+            tasks.append(Task(workload, f"{workload}-{seed}-{session.name}-{number}",
                               "recall", [], partial, answer, call.meta["path"],
                               {"language": "python", "session": session.name, "call": number,
                                "function": call.meta["function"],
@@ -284,6 +284,15 @@ def agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
             if len(tasks) == n:
                 break
     return tasks
+
+
+def agent_session_part_tasks(n, seed, context_tokens, count, index, max_query_tokens,
+                             languages=None) -> list:
+    """The ``agent-session`` tasks (the same sessions for the same seed), as the evidence for
+    the unchanged parts of segments that changed since the last prompt (``agent-session-parts``):
+    the volatile header's system message, a summary that grew."""
+    return agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
+                               languages, workload="agent-session-parts")
 
 
 def _python_files(index, count, context_tokens: int) -> dict[str, tuple[str, int]]:

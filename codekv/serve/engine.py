@@ -8,9 +8,11 @@ three parts, each counted apart:
    (``codekv.serve.prefix``), its KV used as it is;
 2. after it, up to the last segment reused: segments whose KV the scope's last prompt
    (``codekv.serve.recent``, computed in place there) or else the chunk store (computed alone)
-   holds are composed (re-positioned, a share of their tokens recomputed by the rule) where the
-   gate licenses their class from that source (or every class with ``experimental``): the
-   last prompt's by the agent-session evidence, the store's by the workload of their kind;
+   holds, and the unchanged head and tail of a segment that changed since the last prompt, are
+   composed (re-positioned, a share of their tokens recomputed by the rule) where the gate
+   licenses their class from that source (or every class with ``experimental``): the last
+   prompt's by the agent-session evidence, its parts' by the agent-session-parts evidence, the
+   store's by the workload of their kind;
    every other token there (message headers, new or unlicensed segments) is computed in place,
    against the whole context, exactly as a full prefill would;
 3. the rest is prefilled after it.
@@ -43,7 +45,7 @@ from codekv.chunk_cache import ChunkCache
 from codekv.compose import AUTO, DEFAULT_RATIO, compose_state, licence, supported_rule
 from codekv.gate import SupportGate
 from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL, RequestPiece
-from codekv.schema import LAST_PROMPT, SOURCES, STORE, ChunkKind
+from codekv.schema import FROM_LAST_PROMPT, LAST_PROMPT, LAST_PROMPT_PART, SOURCES, STORE, ChunkKind
 from codekv.selection import Segment as SelectionSegment
 from codekv.selection import strategy as make_strategy
 from codekv.serve import COMPOSE, REUSE_MODES, SHIFT_ONLY
@@ -118,6 +120,7 @@ class Outcome:
     segments: int = 0  # reusable segments found after the exact prefix
     segments_reused: int = 0
     segments_from_last_prompt: int = 0  # of those, taken from the scope's last prompt
+    parts_from_last_prompt: int = 0  # of those, the unchanged head or tail of a changed segment
     segments_stored: int = 0
     stored_tokens: int = 0  # tokens run to store them: each after what its key says
     store_error: str | None = None
@@ -206,7 +209,8 @@ class Pipeline:
     prompts through it, so the evidence measures the server's own path.
 
     ``sources``: where reused segments' KV may come from, the scope's last prompt
-    (``LAST_PROMPT``) or the chunk store (``STORE``); the gate rules on each apart."""
+    (``LAST_PROMPT``, and the unchanged parts of its segments: ``LAST_PROMPT_PART``) or the
+    chunk store (``STORE``); the gate rules on each apart."""
 
     def __init__(self, backend, store, gate: SupportGate, *, experimental: bool = False,
                  strategy: str = AUTO, ratio: float | None = None,
@@ -237,7 +241,7 @@ class Pipeline:
         self.slots = (ShiftSlots(backend, min_segment_tokens, self.prefix.budget_bytes)
                       if reuse == SHIFT_ONLY else None)
         self.recent = (RecentPrompts(backend, self.prefix.budget_bytes)
-                       if reuse == COMPOSE and LAST_PROMPT in self.sources
+                       if reuse == COMPOSE and set(FROM_LAST_PROMPT) & set(self.sources)
                        and self.prompts.supports_last_prompt else None)
         self._chunk_caches: dict[str, ChunkCache] = {}
 
@@ -311,7 +315,8 @@ class Pipeline:
             n = 0
         chunks = self._chunks(scope)
         again = self._again(scope, ids, n)
-        candidates = [s for s in segments if s.start >= (again.end if again else n)]
+        reused_from = again.end if again else n
+        candidates = [s for s in segments if s.start >= reused_from]
         outcome.segments = len(candidates) + (again is not None)
         refusals: dict[str, str] = {}
         if backend.info.unsupported and self.reuse == COMPOSE:
@@ -334,6 +339,13 @@ class Pipeline:
         if again is not None:
             hits.append((again, self._verdict(again, len(ids), LAST_PROMPT), None,
                          self.recent.span(scope, again.start, again.end)))
+        # A segment the exact prefix (or the run above) ends inside: the rest of it, after a
+        # change deep inside (an id thousands of tokens into a system prompt).
+        inside = next((s for s in segments if s.start < reused_from < s.end), None)
+        if reusing and inside is not None:
+            hits += self._parts(scope, ids, seg.Segment(reused_from, inside.end, inside.kind,
+                                                        inside.identity, inside.language),
+                                refusals)
         for segment in candidates if reusing else []:
             p = piece(segment)
             earlier = self.recent.find(scope, p.ids) if self.recent is not None else None
@@ -341,20 +353,22 @@ class Pipeline:
             stored = verdict(segment, STORE)
             from_last = last is not None and (last.allowed or self.experimental)
             to_store = stored is not None and (stored.allowed or self.experimental)
-            if not (from_last or to_store):
+            storing |= to_store
+            in_store = to_store and self.store.contains(chunks.key(p, after(segment)))
+            parts = [] if from_last or in_store else self._parts(scope, ids, segment, refusals)
+            if not (from_last or to_store or parts):
                 refused = last if last is not None else stored
                 if refused is not None:
                     refusals.setdefault(segment.kind, refused.reason)
                 continue
-            storing |= to_store
-            in_store = to_store and self.store.contains(chunks.key(p, after(segment)))
             if from_last:
                 hits.append((segment, last, p, earlier))
             elif in_store:
                 hits.append((segment, stored, p, None))
+            hits += parts
             if to_store and not in_store:  # for other scopes' prompts, and this one's later
                 pending.append((p, after(segment)))
-                if not from_last:
+                if not (from_last or parts):
                     misses.append((segment, p))
         if not backend.info.unsupported and self.reuse == COMPOSE:
             pending += self._lost_in_prefix(chunks, segments, n, len(ids), piece, after)
@@ -374,6 +388,7 @@ class Pipeline:
             outcome.strategy = outcome.ratio = None
             outcome.reused_tokens = outcome.recomputed_tokens = 0
             outcome.segments_reused = outcome.segments_from_last_prompt = 0
+            outcome.parts_from_last_prompt = 0
             if n:
                 context = backend.concat([self.prompts.part(prefix_kv, n)])
                 state = backend.recompute(ids[:n], context, [], ids[n:])
@@ -409,6 +424,26 @@ class Pipeline:
             return None
         again = seg.Segment(n, end, ChunkKind.PASSAGE, "last-prompt")
         return again if self._allowed(again, len(ids), LAST_PROMPT) else None
+
+    def _parts(self, scope: str, ids: list[int], segment: seg.Segment,
+                refusals: dict[str, str]) -> list:
+        """Hits for the unchanged head and tail of ``segment``, which the scope's last prompt
+        no longer holds whole, where that class is licensed (a refusal says why not)."""
+        if self.recent is None or LAST_PROMPT_PART not in self.sources:
+            return []
+        hits = []
+        for part in self.recent.parts(scope, ids[segment.start:segment.end],
+                                      self.min_segment_tokens):
+            start = segment.start + part.offset
+            found = seg.Segment(start, start + part.length, segment.kind, LAST_PROMPT_PART,
+                                segment.language)
+            verdict = self._verdict(found, len(ids), LAST_PROMPT_PART)
+            if not (verdict.allowed or self.experimental):
+                refusals.setdefault(LAST_PROMPT_PART, verdict.reason)
+                return []
+            hits.append((found, verdict, None,
+                         self.recent.span(scope, part.start, part.start + part.length)))
+        return hits
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it
@@ -477,6 +512,7 @@ class Pipeline:
             if hit:
                 reused.append(segment)
                 outcome.segments_from_last_prompt += earlier is not None
+                outcome.parts_from_last_prompt += segment.identity == LAST_PROMPT_PART
             kvs.append((segment, kv, hit))
         if not reused:
             raise RuntimeError("the stored segments could not be read")

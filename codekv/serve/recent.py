@@ -15,6 +15,13 @@ With ``--experimental`` (every class reused), the new prompt's common token pref
 last prompt beyond the exact prefix is reused the same way, in place: after a composed
 request, the exact-prefix cache keeps only its tokens before the first reused segment, so a next
 call that repeats the whole last prompt would otherwise compute all the rest again.
+
+A segment that changed since (a header with a request id and the time before the system
+prompt's text, a summary that grew) is not found whole, but its unchanged head and tail may be
+(``parts``): the tokens it shares with the start and with the end of one of the last prompt's
+segments. They are taken from there the same way; the span between them is computed in place.
+The gate licenses them apart (``LAST_PROMPT_PART``): their KV was computed against the span that
+changed.
 """
 
 from __future__ import annotations
@@ -33,7 +40,18 @@ class LastPrompt:
     ids: np.ndarray
     kv: Any  # the backend's chunk KV of the whole prompt, from position 0
     starts: dict[bytes, int]  # a segment's tokens -> where it starts in the prompt
+    spans: list[tuple[int, int]]  # its segments, as that request cut them
     nbytes: int
+
+
+@dataclass(frozen=True)
+class Part:
+    """Tokens ``[offset, offset + length)`` of a segment, found at ``start`` of the last
+    prompt."""
+
+    offset: int
+    start: int
+    length: int
 
 
 class RecentPrompts:
@@ -61,6 +79,31 @@ class RecentPrompts:
         return 0 if last is None else common_length(np.asarray(token_ids, dtype=np.int64),
                                                     last.ids)
 
+    def parts(self, scope: str, token_ids: list[int], min_tokens: int) -> list[Part]:
+        """The longest head and the longest tail ``token_ids`` share with one of the last
+        prompt's segments, each of at least ``min_tokens`` (and not overlapping): where a
+        segment changed inside, what is left of it in the last prompt."""
+        last = self.prompts.get(scope)
+        if last is None:
+            return []
+        ids = np.asarray(token_ids, dtype=np.int64)
+        head = tail = (0, 0)  # (length, where it starts in the last prompt)
+        for start, end in last.spans:
+            theirs = last.ids[start:end]
+            n = common_length(ids, theirs)
+            if n > head[0]:
+                head = (n, start)
+            n = common_length(ids[::-1], theirs[::-1])
+            if n > tail[0]:
+                tail = (n, end - n)
+        room = len(ids) - head[0] if head[0] >= min_tokens else len(ids)
+        if tail[0] > room:  # a tail running into the head: only what the head leaves
+            tail = (room, tail[1] + tail[0] - room)
+        found = [Part(0, head[1], head[0])] if head[0] >= min_tokens else []
+        if tail[0] >= min_tokens:
+            found.append(Part(len(ids) - tail[0], tail[1], tail[0]))
+        return found
+
     def span(self, scope: str, start: int, end: int) -> Any:
         """The scope's last prompt's KV of positions ``[start, end)``."""
         return self.backend.span(self.prompts[scope].kv, start, end)
@@ -73,7 +116,8 @@ class RecentPrompts:
         if nbytes > self.budget_bytes:
             return
         starts = {_key(ids[start:end]): start for start, end in spans}
-        self.prompts[scope] = LastPrompt(np.asarray(ids, dtype=np.int64), kv, starts, nbytes)
+        self.prompts[scope] = LastPrompt(np.asarray(ids, dtype=np.int64), kv, starts,
+                                         list(spans), nbytes)
         while sum(p.nbytes for p in self.prompts.values()) > self.budget_bytes:
             self.prompts.popitem(last=False)
 
