@@ -117,7 +117,12 @@ def test_a_request_extending_the_last_takes_its_kept_state(llama_server, referen
     reused), the rest is decoded after them; streamed or not, the same text."""
     client = llama_server.client()
     model = client.models.list().data[0].id
-    source = SOURCE.replace("settings", "config")  # in no other test's store
+    # Nothing of it in another test's prompts or store: not even a head or tail of a piece.
+    source = ('import csv\nfrom pathlib import Path\n\n\ndef read_rows(path):\n'
+              '    """Every row of the CSV file as a dictionary; none when it is missing."""\n'
+              '    file = Path(path)\n    if not file.exists():\n        return []\n'
+              '    with file.open(newline="") as handle:\n'
+              '        return list(csv.DictReader(handle))\n')
     turn = [SYSTEM, {"role": "user", "content": f"Read this.\n```python\n{source}```\n"
                                                 "Which modules does it import?"}]
     reply, report, _, _ = ask(client, turn, model=model, max_tokens=10)
@@ -125,7 +130,7 @@ def test_a_request_extending_the_last_takes_its_kept_state(llama_server, referen
     assert report["segments_stored"] >= 1
     first_prompt = report["prompt_tokens"]
     turn += [{"role": "assistant", "content": reply},
-             {"role": "user", "content": "And what does save_config write?"}]
+             {"role": "user", "content": "And what does read_rows return?"}]
     reply, report, usage, status = ask(client, turn, model=model, max_tokens=10)
     assert status == report["status"] == "exact-prefix"
     assert report["exact_prefix_tokens"] == first_prompt  # the whole last prompt, kept
