@@ -39,6 +39,8 @@ def reads(source: str) -> tuple[str, ...]:
     """The sources a pipeline measuring ``source`` reads: parts of changed segments are
     measured together with the whole segments around them, as the server reuses them."""
     return (LAST_PROMPT, LAST_PROMPT_PART) if source == LAST_PROMPT_PART else (source,)
+
+
 # What a request may be composed with, so what the gate may license: a rule that recomputes a
 # share (not one that recomputes everything: that is full prefill at a higher cost) and
 # re-positions (not the baseline that skips it: it only shows the damage), and not a control.
