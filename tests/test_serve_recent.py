@@ -146,8 +146,8 @@ def test_a_changed_segments_unchanged_tail_is_taken_from_the_last_prompt(engine_
     # The tail: the tokens the two system messages end with, where the prompts have them.
     ends = [token_span(backend, prompt, 0)[1] for prompt in (first, second)]
     ids = [backend.tokenize_prompt("".join(prompt))[0] for prompt in (first, second)]
-    tail = next(n for n in range(1, min(ends) + 1) if ids[0][ends[0] - n] != ids[1][ends[1] - n])
-    tail -= 1
+    tail = next(n for n in range(1, min(ends) + 1)
+                if ids[0][ends[0] - n] != ids[1][ends[1] - n]) - 1
     assert tail >= 8
     full = backend.state_kv(backend.full_prefill(ids[0]), len(ids[0]))
     in_place = backend.reposition(backend.span(full, ends[0] - tail, ends[0]), ends[1] - tail)

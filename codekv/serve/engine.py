@@ -431,19 +431,20 @@ class Pipeline:
         no longer holds whole, where that class is licensed (a refusal says why not)."""
         if self.recent is None or LAST_PROMPT_PART not in self.sources:
             return []
-        hits = []
-        for part in self.recent.parts(scope, ids[segment.start:segment.end],
-                                      self.min_segment_tokens):
-            start = segment.start + part.offset
-            found = seg.Segment(start, start + part.length, segment.kind, LAST_PROMPT_PART,
-                                segment.language)
-            verdict = self._verdict(found, len(ids), LAST_PROMPT_PART)
-            if not (verdict.allowed or self.experimental):
-                refusals.setdefault(LAST_PROMPT_PART, verdict.reason)
-                return []
-            hits.append((found, verdict, None,
-                         self.recent.span(scope, part.start, part.start + part.length)))
-        return hits
+        parts = self.recent.parts(scope, ids[segment.start:segment.end],
+                                  self.min_segment_tokens)
+        if not parts:
+            return []
+        # The class, language and prompt length decide the verdict: one for all its parts.
+        verdict = self._verdict(segment, len(ids), LAST_PROMPT_PART)
+        if not (verdict.allowed or self.experimental):
+            refusals.setdefault(LAST_PROMPT_PART, verdict.reason)
+            return []
+        return [(seg.Segment(segment.start + part.offset,
+                             segment.start + part.offset + part.length, segment.kind,
+                             LAST_PROMPT_PART, segment.language), verdict, None,
+                 self.recent.span(scope, part.start, part.start + part.length))
+                for part in parts]
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it

@@ -96,12 +96,12 @@ class RecentPrompts:
             n = common_length(ids[::-1], theirs[::-1])
             if n > tail[0]:
                 tail = (n, end - n)
-        room = len(ids) - head[0] if head[0] >= min_tokens else len(ids)
-        if tail[0] > room:  # a tail running into the head: only what the head leaves
-            tail = (room, tail[1] + tail[0] - room)
-        found = [Part(0, head[1], head[0])] if head[0] >= min_tokens else []
-        if tail[0] >= min_tokens:
-            found.append(Part(len(ids) - tail[0], tail[1], tail[0]))
+        if head[0] < min_tokens:
+            head = (0, 0)
+        length = min(tail[0], len(ids) - head[0])  # a tail running into the head: what it leaves
+        found = [Part(0, head[1], head[0])] if head[0] else []
+        if length >= min_tokens:
+            found.append(Part(len(ids) - length, tail[1] + tail[0] - length, length))
         return found
 
     def span(self, scope: str, start: int, end: int) -> Any:
