@@ -573,17 +573,24 @@ def default_model_server(tmp_path_factory, *args: str) -> ServeProcess:
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("band, files", [
+    (4096, ["fnmatch.py", "genericpath.py"]),  # two calls of about 3,800 tokens
+    (8192, ["copy.py", "glob.py"]),  # about 5,500 tokens: past the 4K entry, in the 8K one
+])
 def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_path_factory,
-                                                                        model_cache):
-    """No --experimental: the shipped agent-session entry licenses the default model's
-    segments taken from the scope's last prompt (Python, up to its covered length), with the
-    rule it passed; the chunk store's classes stay unlicensed, so nothing is stored."""
+                                                                        model_cache, band,
+                                                                        files):
+    """No --experimental: the shipped agent-session entries (4K and 8K bands) license the
+    default model's segments taken from the scope's last prompt (Python, up to their covered
+    length), with the rule each passed; the chunk store's classes stay unlicensed, so nothing
+    is stored."""
     from codekv.eval.sessions import aider_session
     from codekv.gate import SupportGate
     from codekv.stdlib_repo import stdlib_dir
+    from codekv.support_schema import Covers, context_band
 
-    entry = next(e for e in SupportGate.load().entries if e["workload"] == "agent-session")
-    files = ["fnmatch.py", "genericpath.py"]  # two calls of about 3,800 tokens
+    entry = next(e for e in SupportGate.load().entries if e["workload"] == "agent-session"
+                 and context_band(Covers.model_validate(e["covers"])) == band)
     session = aider_session("t", {f: (stdlib_dir() / f).read_text() for f in files}, files,
                             turns=2, volatile=True)
     server = default_model_server(tmp_path_factory)
@@ -594,7 +601,7 @@ def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_pat
         assert first["status"] == "full-prefill" and first["segments_stored"] == 0
         _, report, usage, status = ask(client, session.calls[1].messages, model=model,
                                        max_tokens=4)
-        assert report["prompt_tokens"] <= entry["covers"]["context_tokens"]["max"]
+        assert band // 2 < report["prompt_tokens"] <= entry["covers"]["context_tokens"]["max"]
         assert status == report["status"] == "composed", report["fallback_reason"]
         assert report["segments_from_last_prompt"] > 0 and report["reused_tokens"] > 0
         assert report["exact_prefix_tokens"] < 20  # the header changed in its first line
