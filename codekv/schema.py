@@ -28,17 +28,27 @@ OTHER_REPOS, OTHER_SEED = "repos", "seed"  # where held-out tasks are drawn from
 # Where a reused segment's KV came from: the chunk store (computed alone, after what its key
 # says), the scope's last prompt (computed there, among nearly the same neighbours), or the
 # last prompt's part of a segment that changed since (its unchanged head or tail: computed
-# there against the span that changed). The gate rules on each by the evidence of the workload
-# that measured that source.
-STORE, LAST_PROMPT, LAST_PROMPT_PART = "store", "last-prompt", "last-prompt-part"
-SOURCES = (LAST_PROMPT, LAST_PROMPT_PART, STORE)
-FROM_LAST_PROMPT = (LAST_PROMPT, LAST_PROMPT_PART)
+# there against the span that changed), a message's text (a system prompt after a new header,
+# a summary that grew) apart from a piece of code (a function edited). The gate rules on each
+# by the evidence of the workload that measured that source.
+STORE, LAST_PROMPT = "store", "last-prompt"
+LAST_PROMPT_TEXT_PART, LAST_PROMPT_PART = "last-prompt-text-part", "last-prompt-part"
+PARTS = (LAST_PROMPT_TEXT_PART, LAST_PROMPT_PART)
+SOURCES = (LAST_PROMPT, *PARTS, STORE)
+FROM_LAST_PROMPT = (LAST_PROMPT, *PARTS)
+
+
+def part_source(kind: ChunkKind) -> str:
+    """The source of a changed segment's parts: a piece of code's, or any other text's."""
+    return LAST_PROMPT_PART if kind == ChunkKind.CODE else LAST_PROMPT_TEXT_PART
 
 
 def reads(source: str) -> tuple[str, ...]:
     """The sources a pipeline measuring ``source`` reads: parts of changed segments are
-    measured together with the whole segments around them, as the server reuses them."""
-    return (LAST_PROMPT, LAST_PROMPT_PART) if source == LAST_PROMPT_PART else (source,)
+    measured together with the whole segments around them, and code's parts with text's too,
+    as the server reuses them where both are licensed."""
+    return {LAST_PROMPT_TEXT_PART: (LAST_PROMPT, LAST_PROMPT_TEXT_PART),
+            LAST_PROMPT_PART: FROM_LAST_PROMPT}.get(source, (source,))
 
 
 # What a request may be composed with, so what the gate may license: a rule that recomputes a
@@ -134,3 +144,7 @@ register(Workload("agent-session", "codekv.eval.sessions:agent_session_tasks", C
 register(Workload("agent-session-parts", "codekv.eval.sessions:agent_session_part_tasks",
                   ChunkKind.CODE, needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
                   source=LAST_PROMPT_PART, by_default=False))
+register(Workload("agent-session-text-parts",
+                  "codekv.eval.sessions:agent_session_text_part_tasks", ChunkKind.PASSAGE,
+                  needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
+                  source=LAST_PROMPT_TEXT_PART, by_default=False))

@@ -161,7 +161,8 @@ def test_entries_that_name_no_pair_are_listed_as_invalid():
     assert second["problems"] == ["backend \"vllm\" is not one of transformers, llama.cpp, "
                                   "openvino",
                                   "workload \"chat\" is not one of code-qa, rag, tool-docs, "
-                                  "agent-session, agent-session-parts"]
+                                  "agent-session, agent-session-parts, "
+                                  "agent-session-text-parts"]
     assert third["supported"] is True  # one bad entry does not spoil the others
 
 

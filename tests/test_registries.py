@@ -132,7 +132,8 @@ def test_eval_takes_a_registered_workload(toys):
     assert json.loads(parsed.stdout) == ["toy", "rag"]
     listed = run(toys, "eval", "--help")
     listed = listed.stdout.replace("\n", "").replace(" ", "")
-    assert "code-qa|rag|tool-docs|agent-session|agent-session-parts|toy" in listed
+    assert ("code-qa|rag|tool-docs|agent-session|agent-session-parts|"
+            "agent-session-text-parts|toy") in listed
 
 
 def test_a_registered_workload_generates_and_is_gated_by_its_chunk_kind(toys, monkeypatch):
@@ -143,7 +144,8 @@ def test_a_registered_workload_generates_and_is_gated_by_its_chunk_kind(toys, mo
         ("toy", "toy-7-0", ["note0"]), ("toy", "toy-7-1", ["note1"])]
     assert workload_of("toy-note") == "toy"
     with pytest.raises(ValueError, match="unknown workload 'nope'; choose from code-qa, rag, "
-                                         "tool-docs, agent-session, agent-session-parts, toy"):
+                                         "tool-docs, agent-session, agent-session-parts, "
+                                         "agent-session-text-parts, toy"):
         generate("nope", 1, 0, 512)
 
 

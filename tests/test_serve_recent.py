@@ -316,12 +316,30 @@ def test_the_gate_rules_on_each_source_of_reused_kv_apart(tiny_backend, tmp_path
         engine.close()
 
 
-@pytest.mark.parametrize("licensed, parts", [
-    (("agent-session",), 0),  # whole segments only: the changed message computed in place
-    (("agent-session", "agent-session-parts"), 1),
+# A piece of code changed inside (a line edited in a function), in a fenced block.
+CODE = ("```python\ndef area(width, height):\n    \"\"\"The surface, in square units.\"\"\"\n"
+        "    scale = 1\n    surface = width * height * scale\n    if surface < 0:\n"
+        "        raise ValueError('a negative side')\n    return surface\n```\n\n")
+CODE_EDITED = CODE.replace("    scale = 1\n", "    scale = 2  # in half units\n")
+# (first prompt, second): a message's text changed (a header), a piece of code changed
+CHANGED_KIND = {
+    "text": ((CHANGED["a header before the text"][0], FILE, QUESTION),
+             (CHANGED["a header before the text"][1], FILE, QUESTION)),
+    "code": ((SYSTEM, CODE, QUESTION), (SYSTEM, CODE_EDITED, QUESTION)),
+}
+
+
+@pytest.mark.parametrize("licensed, change, parts, missing", [
+    # whole segments only: the changed message computed in place
+    (("agent-session",), "text", 0, "agent-session-text-parts"),
+    (("agent-session", "agent-session-text-parts"), "text", 1, None),
+    # code's parts and text's are classes apart: neither licence reaches the other
+    (("agent-session", "agent-session-parts"), "text", 0, "agent-session-text-parts"),
+    (("agent-session", "agent-session-text-parts"), "code", 0, "agent-session-parts"),
+    (("agent-session", "agent-session-parts"), "code", 1, None),
 ])
 def test_the_gate_licenses_parts_of_changed_segments_apart(tiny_backend, tmp_path, licensed,
-                                                           parts):
+                                                           change, parts, missing):
     from fixtures.evidence import covering
 
     from codekv.gate import SupportGate
@@ -334,13 +352,16 @@ def test_the_gate_licenses_parts_of_changed_segments_apart(tiny_backend, tmp_pat
                                  backend.info.fingerprint) for workload in licensed], "test")
     engine = Engine(backend, LocalKVStore(tmp_path / "kv"), gate, min_segment_tokens=8)
     try:
-        old, new = CHANGED["a header before the text"]
-        served(engine, "agent", (old, FILE, QUESTION))
-        outcome = served(engine, "agent", (new, FILE, QUESTION))
-        assert outcome.status == "composed" and outcome.strategy == "none"
+        first, second = CHANGED_KIND[change]
+        served(engine, "agent", first)
+        outcome = served(engine, "agent", second)
         assert outcome.parts_from_last_prompt == parts
-        assert outcome.segments_from_last_prompt == 1 + parts  # the file, and the part
-        if not parts:
-            assert "agent-session-parts" in outcome.fallback_reason
+        if parts:
+            assert outcome.status == "composed" and outcome.strategy == "none"
+            assert outcome.fallback_reason is None
+        else:
+            assert f"/{missing}" in outcome.fallback_reason, outcome.fallback_reason
+        if change == "text":  # the file, and the part
+            assert outcome.segments_from_last_prompt == 1 + parts
     finally:
         engine.close()

@@ -119,9 +119,10 @@ def test_served_calls_compose_from_the_last_prompt_and_all_is_full_prefill(tiny_
 
 def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_parts(
         tiny_model_dir, tmp_path, stdlib_files):
-    """``agent-session-parts`` draws the agent-session tasks and serves them reading the
-    unchanged parts of changed segments as well: a header changed before the system prompt's
-    text leaves the text to reuse."""
+    """``agent-session-text-parts`` and ``agent-session-parts`` draw the agent-session tasks
+    and serve them reading the unchanged parts of changed text (and, for the second, of
+    changed code) as well: a header changed before the system prompt's text leaves the text
+    to reuse."""
     from codekv.eval.methods import Method
     from codekv.eval.serving import Serving
     from codekv.models import load_backend
@@ -131,22 +132,26 @@ def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_pa
         return [(t.query, t.answer, [c.messages for c in t.calls])
                 for t in make(4, 0, 8192, approx_tokens, stdlib_files, 256)]
 
-    assert drawn(sessions.agent_session_part_tasks) == drawn(sessions.agent_session_tasks)
+    assert (drawn(sessions.agent_session_part_tasks)
+            == drawn(sessions.agent_session_text_part_tasks)
+            == drawn(sessions.agent_session_tasks))
     backend = load_backend(str(tiny_model_dir))
     text = ("You edit code. Answer with SEARCH/REPLACE blocks of the files in the chat, and "
             "ask when a request is ambiguous.")
     systems = (f"Request 1f.\n{text}", f"Request 20ab.\n{text}")
+    reads = {"agent-session": ("last-prompt",),
+             "agent-session-text-parts": ("last-prompt", "last-prompt-text-part"),
+             "agent-session-parts": ("last-prompt", "last-prompt-text-part", "last-prompt-part")}
     reused = {}
-    for workload in ("agent-session", "agent-session-parts"):
+    for workload, sources in reads.items():
         serving = Serving([Method("none", 0.0)])
         composer = SimpleNamespace(backend=backend, store=LocalKVStore(tmp_path / workload))
         [(_, result)] = serving.results(composer, session_task(workload, systems))
         reused[workload] = result.report.reused_tokens
-        [(_, sources)] = serving.pipelines
-        assert sources == (("last-prompt",) if workload == "agent-session"
-                           else ("last-prompt", "last-prompt-part"))
+        assert [key[1] for key in serving.pipelines] == [sources]
     text_tokens = len(backend.tokenize(text))
-    assert reused["agent-session-parts"] - reused["agent-session"] >= text_tokens - 2
+    for workload in ("agent-session-text-parts", "agent-session-parts"):
+        assert reused[workload] - reused["agent-session"] >= text_tokens - 2
 
 
 def test_a_file_that_does_not_parse_is_left_out_of_every_session(git_repo, byte_counter):

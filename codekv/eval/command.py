@@ -144,8 +144,8 @@ def canonical_command(config) -> str:
                    "in it: an interrupted run resumes. A file that is not such a checkpoint is "
                    "refused and left as it is.")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
-              help="Workloads to run (default: all but agent-session and agent-session-parts, "
-                   "whose tasks need 4K tokens or more).")
+              help="Workloads to run (default: all but the agent-session ones, whose tasks "
+                   "need 4K tokens or more).")
 @click.option("--tasks", type=click.IntRange(min=1), default=None,
               help="Tasks per workload [12; --quick 2].")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -290,9 +290,19 @@ def agent_session_part_tasks(n, seed, context_tokens, count, index, max_query_to
                              languages=None) -> list:
     """The ``agent-session`` tasks (the same sessions for the same seed), as the evidence for
     the unchanged parts of segments that changed since the last prompt (``agent-session-parts``):
-    the volatile header's system message, a summary that grew."""
+    a function edited, and the text's parts as well (the volatile header's system message, a
+    summary that grew)."""
     return agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
                                languages, workload="agent-session-parts")
+
+
+def agent_session_text_part_tasks(n, seed, context_tokens, count, index, max_query_tokens,
+                                  languages=None) -> list:
+    """The ``agent-session`` tasks again, as the evidence for the unchanged parts of a
+    message's text that changed (``agent-session-text-parts``): the system prompt after a new
+    header, a summary that grew; a piece of code that changed is computed whole."""
+    return agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
+                               languages, workload="agent-session-text-parts")
 
 
 def _python_files(index, count, context_tokens: int) -> dict[str, tuple[str, int]]:

@@ -11,8 +11,9 @@ three parts, each counted apart:
    holds, and the unchanged head and tail of a segment that changed since the last prompt, are
    composed (re-positioned, a share of their tokens recomputed by the rule) where the gate
    licenses their class from that source (or every class with ``experimental``): the last
-   prompt's by the agent-session evidence, its parts' by the agent-session-parts evidence, the
-   store's by the workload of their kind;
+   prompt's by the agent-session evidence, its parts' by the agent-session-text-parts evidence
+   (a message's text) or the agent-session-parts evidence (a piece of code), the store's by
+   the workload of their kind;
    every other token there (message headers, new or unlicensed segments) is computed in place,
    against the whole context, exactly as a full prefill would;
 3. the rest is prefilled after it.
@@ -45,7 +46,15 @@ from codekv.chunk_cache import ChunkCache
 from codekv.compose import AUTO, DEFAULT_RATIO, compose_state, licence, supported_rule
 from codekv.gate import SupportGate
 from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL, RequestPiece
-from codekv.schema import FROM_LAST_PROMPT, LAST_PROMPT, LAST_PROMPT_PART, SOURCES, STORE, ChunkKind
+from codekv.schema import (
+    FROM_LAST_PROMPT,
+    LAST_PROMPT,
+    PARTS,
+    SOURCES,
+    STORE,
+    ChunkKind,
+    part_source,
+)
 from codekv.selection import Segment as SelectionSegment
 from codekv.selection import strategy as make_strategy
 from codekv.serve import COMPOSE, REUSE_MODES, SHIFT_ONLY
@@ -209,7 +218,7 @@ class Pipeline:
     prompts through it, so the evidence measures the server's own path.
 
     ``sources``: where reused segments' KV may come from, the scope's last prompt
-    (``LAST_PROMPT``, and the unchanged parts of its segments: ``LAST_PROMPT_PART``) or the
+    (``LAST_PROMPT``, and the unchanged parts of its segments: ``PARTS``) or the
     chunk store (``STORE``); the gate rules on each apart."""
 
     def __init__(self, backend, store, gate: SupportGate, *, experimental: bool = False,
@@ -428,21 +437,23 @@ class Pipeline:
     def _parts(self, scope: str, ids: list[int], segment: seg.Segment,
                 refusals: dict[str, str]) -> list:
         """Hits for the unchanged head and tail of ``segment``, which the scope's last prompt
-        no longer holds whole, where that class is licensed (a refusal says why not)."""
-        if self.recent is None or LAST_PROMPT_PART not in self.sources:
+        no longer holds whole, where that class (code's parts or text's) is licensed (a
+        refusal says why not)."""
+        source = part_source(segment.kind)
+        if self.recent is None or source not in self.sources:
             return []
         parts = self.recent.parts(scope, ids[segment.start:segment.end],
                                   self.min_segment_tokens)
         if not parts:
             return []
         # The class, language and prompt length decide the verdict: one for all its parts.
-        verdict = self._verdict(segment, len(ids), LAST_PROMPT_PART)
+        verdict = self._verdict(segment, len(ids), source)
         if not (verdict.allowed or self.experimental):
-            refusals.setdefault(LAST_PROMPT_PART, verdict.reason)
+            refusals.setdefault(source, verdict.reason)
             return []
         return [(seg.Segment(segment.start + part.offset,
                              segment.start + part.offset + part.length, segment.kind,
-                             LAST_PROMPT_PART, segment.language), verdict, None,
+                             source, segment.language), verdict, None,
                  self.recent.span(scope, part.start, part.start + part.length))
                 for part in parts]
 
@@ -513,7 +524,7 @@ class Pipeline:
             if hit:
                 reused.append(segment)
                 outcome.segments_from_last_prompt += earlier is not None
-                outcome.parts_from_last_prompt += segment.identity == LAST_PROMPT_PART
+                outcome.parts_from_last_prompt += segment.identity in PARTS
             kvs.append((segment, kv, hit))
         if not reused:
             raise RuntimeError("the stored segments could not be read")

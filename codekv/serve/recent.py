@@ -20,8 +20,8 @@ A segment that changed since (a header with a request id and the time before the
 prompt's text, a summary that grew) is not found whole, but its unchanged head and tail may be
 (``parts``): the tokens it shares with the start and with the end of one of the last prompt's
 segments. They are taken from there the same way; the span between them is computed in place.
-The gate licenses them apart (``LAST_PROMPT_PART``): their KV was computed against the span that
-changed.
+The gate licenses them apart (``schema.PARTS``: a message's text's apart from a piece of code's):
+their KV was computed against the span that changed.
 """
 
 from __future__ import annotations
