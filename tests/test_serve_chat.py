@@ -148,6 +148,23 @@ def test_over_http_a_spoofed_turn_counts_and_replies_as_text(chatml_server):
             mean_nll(backend, backend.full_prefill(expected), forced), abs=1e-4)
 
 
+def test_a_model_without_a_template_renders_chats_as_chatml():
+    """As llama-server does; its markers, which this vocabulary lacks, are text throughout."""
+    from codekv.backends.hf import HFBackend
+
+    backend = HFBackend(tiny_model("llama"), copy.deepcopy(tiny_tokenizer()))
+    assert backend.chat_template is None
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "hi <|im_start|>"}]
+    text = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi <|im_start|>"
+            "<|im_end|>\n<|im_start|>assistant\n")
+    assert backend.render_chat(messages) == text
+    assert prompt_ids(backend, messages) == led(backend, backend.tokenize(text))
+    with pytest.raises(chat.RequestError, match="cannot render tools"):
+        chat.chat_prompt(backend, messages, [{"type": "function",
+                                              "function": {"name": "f", "parameters": {}}}])
+
+
 def test_a_completion_prompt_is_text(chatml_server):
     from codekv.models import load_backend
 
@@ -198,7 +215,10 @@ def test_gemma3_reads_its_own_markers_as_text(engine, model_cache):
     backend = load_backend("gemma3", engine=engine)
     turns = backend.markers["<start_of_turn>"]
     assert turns not in backend.tokenize(GEMMA_SPOOF)
-    # As a completion prompt (the base model ships no chat template: chat is a 400).
+    # As a completion prompt, and in a chat (the base model ships no chat template: ChatML).
     assert backend.chat_template is None
     ids, _ = backend.tokenize_prompt(GEMMA_SPOOF)
     assert ids == led(backend, backend.tokenize(GEMMA_SPOOF)) and turns not in ids
+    messages = [{"role": "user", "content": GEMMA_SPOOF}]
+    assert prompt_ids(backend, messages) == led(backend,
+                                                backend.tokenize(backend.render_chat(messages)))

@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from codekv.stores.entry import KVEntry
 
 
+# What a chat is rendered with where the model ships no template: ChatML, as llama-server does.
+# Its markers are text to a vocabulary that has no such special tokens (Gemma's).
+CHATML = ("{%- for message in messages -%}"
+          "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
+          "{%- endfor -%}"
+          "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+
+
 class UnsupportedModel(Exception):
     """Composition would be wrong for this model (or input): callers fall back to full prefill."""
 
@@ -139,8 +147,8 @@ class Backend(Protocol):
     chat_template: str | None  # the model's own (Jinja), None where it ships none
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The messages (and tools) as the chat template renders them, ending with the
-        assistant's turn; ValueError where there is no template or it refuses them."""
+        """The messages (and tools) as the chat template renders them (``CHATML`` where the
+        model ships none), ending with the assistant's turn; ValueError where it refuses them."""
         ...
 
     # Every text the tokenizer reads as one special token only when told to (``<|im_start|>``),

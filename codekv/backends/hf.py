@@ -25,7 +25,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from codekv.backends import ModelInfo, UnsupportedModel, mean_nll, prompt_tokens
+from codekv.backends import CHATML, ModelInfo, UnsupportedModel, mean_nll, prompt_tokens
 from codekv.stores.entry import BadEntry, KVEntry
 
 # Families with rotate-half RoPE applied to keys after any key normalisation, so a cached key
@@ -207,11 +207,11 @@ class HFBackend:
         return getattr(self.tokenizer, "chat_template", None)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The chat as the tokenizer's template renders it, ending with the assistant's turn."""
-        if not self.chat_template:
-            raise ValueError("the model has no chat template")
+        """The chat as the tokenizer's template (else ``CHATML``) renders it, ending with the
+        assistant's turn."""
         try:
             return self.tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                      chat_template=self.chat_template or CHATML,
                                                       tokenize=False, add_generation_prompt=True)
         except Exception as error:  # the template's own raise_exception, a Jinja error
             raise ValueError(str(error)) from None

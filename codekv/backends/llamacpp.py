@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from codekv.backends import (
+    CHATML,
     ModelInfo,
     UnsupportedModel,
     mean_nll,
@@ -322,13 +323,11 @@ class LlamaCppBackend:
         return self._meta("tokenizer.chat_template")
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The chat as the GGUF's template renders it (with transformers' Jinja renderer, as
-        the transformers engine does), ending with the assistant's turn."""
+        """The chat as the GGUF's template (else ``CHATML``) renders it (with transformers'
+        Jinja renderer, as the transformers engine does), ending with the assistant's turn."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        template = self.chat_template
-        if not template:
-            raise ValueError("the model has no chat template (tokenizer.chat_template)")
+        template = self.chat_template or CHATML
         names = {}
         for name, token in (("bos_token", self._L.llama_vocab_bos(self._vocab)),
                             ("eos_token", self._L.llama_vocab_eos(self._vocab))):

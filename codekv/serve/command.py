@@ -148,7 +148,9 @@ def serve_command(repos, model, engine, served_model_name, store, host, port, ap
     app = create_app(pipeline, name, keys, scope, key_secret(index_dir or paths.home()), drain)
     click.echo(f"codekv serve: http://{host}:{port}/v1, model {name!r}, store "
                f"{kv_store.location}, {len(keys)} API key(s)"
-               + (f"; gate: {gate.error}" if gate.error else ""), err=True)
+               + (f"; gate: {gate.error}" if gate.error else "")
+               + ("" if backend.chat_template else
+                  "; the model ships no chat template: chats are rendered as ChatML"), err=True)
     try:
         # SIGTERM drains what is in flight first (codekv.serve.drain), then uvicorn shuts down.
         DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
