@@ -396,6 +396,10 @@ def load_trajectories(args) -> list[rs.Trajectory]:
                 trajectory.name = f"{entry['repository'].split('/')[-1]}/{trajectory.name}"
             trajectories += loaded[:entry.get("sessions", len(loaded))]
     for directory in args.generated:
+        if args.shape == "swe-agent":
+            trajectories.append(rs.generated_swe_agent_session(
+                Path(directory), turns=args.max_calls, window=args.window))
+            continue
         trajectories.append(rs.generated_aider_session(
             Path(directory), turns=args.max_calls, chat_files=args.chat_files,
             max_file_chars=args.max_file_chars, volatile=args.volatile))
@@ -427,8 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=".", help="Directory the manifest's 'local' paths "
                                                     "are under.")
     parser.add_argument("--generated", action="append", default=None,
-                        help="A package directory to build an aider-style session from "
+                        help="A package directory to build a session from (--shape) "
                              "(repeatable) [the standard library's wsgiref]; 'none' for none.")
+    parser.add_argument("--shape", choices=("aider", "swe-agent"), default="aider",
+                        help="What a generated session looks like: aider's (files re-sent after "
+                             "a growing history) or SWE-agent's (file windows as observations, "
+                             "all but the last five collapsed) [aider].")
+    parser.add_argument("--window", type=int, default=100,
+                        help="Lines of a file a SWE-agent-style observation shows [100].")
     parser.add_argument("--chat-files", type=int, default=3,
                         help="Files in each generated session's chat (the largest that fit "
                              "--max-file-chars) [3].")

@@ -13,6 +13,9 @@ list of calls, each the ``messages`` of the chat request the agent sent and the 
   observation (no trimming: an append-only trace).
 - ``mini-swe-agent``: a mini-swe-agent 2.x ``.traj.json`` (``messages``: the whole
   conversation; each call sent all messages so far, append-only).
+- ``swe-agent-generated``: no download: ``generated_swe_agent_session`` builds requests in
+  SWE-agent 0.x's shape (its system prompt, the issue, then actions opening files and their
+  windows as observations, all but the last five collapsed) from a real package's files.
 - ``aider-generated``: no download: ``codekv.eval.sessions.generated_aider_session`` builds
   requests in aider's shape (system prompt, repo map, history summarised beyond a budget, the
   chat's files re-sent whole in every call after the history, then the new turn) from a real
@@ -36,11 +39,13 @@ from codekv.eval.sessions import (  # noqa: F401 - the generated source's, and t
     SourceError,
     Trajectory,
     generated_aider_session,
+    generated_swe_agent_session,
+    last_5_observations,
 )
 
-AIDER, SWE_AGENT, SWE_AGENT_FULL, MINI_SWE_AGENT, AIDER_GENERATED = (
-    "aider", "swe-agent", "swe-agent-full", "mini-swe-agent", "aider-generated")
-SOURCES = (AIDER, SWE_AGENT, SWE_AGENT_FULL, MINI_SWE_AGENT, AIDER_GENERATED)
+AIDER, SWE_AGENT, SWE_AGENT_FULL, MINI_SWE_AGENT = (
+    "aider", "swe-agent", "swe-agent-full", "mini-swe-agent")
+RECORDED = (AIDER, SWE_AGENT, SWE_AGENT_FULL, MINI_SWE_AGENT)  # what ``load`` reads from a file
 SESSION_GAP_S = 1800
 
 
@@ -93,24 +98,6 @@ def load_aider(path: Path, origin: dict, gap_s: int = SESSION_GAP_S) -> list[Tra
 
 
 # -- SWE-agent 0.x -----------------------------------------------------------------------------
-def last_5_observations(history: list[dict]) -> list[dict]:
-    """SWE-agent 0.x's ``Last5Observations`` history processor: the first observation (the
-    issue) and the last five kept, every other one collapsed; demonstrations untouched."""
-    observations = sum(1 for m in history if m["role"] == "user" and not m.get("is_demo"))
-    out, seen = [], 0
-    for message in history:
-        if message["role"] != "user" or message.get("is_demo"):
-            out.append(message)
-            continue
-        seen += 1
-        if seen == 1 or seen > observations - 5:
-            out.append(message)
-        else:
-            lines = len(message["content"].splitlines())
-            out.append({**message, "content": f"Old output omitted ({lines} lines)"})
-    return out
-
-
 def load_swe_agent(path: Path, origin: dict, trim: bool = True, demos: bool = True
                    ) -> Trajectory:
     """Its calls; without ``demos``, the demonstration (about 5K tokens, which with the system
@@ -166,4 +153,4 @@ def load(agent: str, path: Path, origin: dict, demos: bool = True) -> list[Traje
         return [load_swe_agent(path, origin, trim=agent == SWE_AGENT, demos=demos)]
     if agent == MINI_SWE_AGENT:
         return [load_mini_swe_agent(path, origin)]
-    raise SourceError(f"unknown agent {agent!r}: expected one of {', '.join(SOURCES[:-1])}")
+    raise SourceError(f"unknown agent {agent!r}: expected one of {', '.join(RECORDED)}")

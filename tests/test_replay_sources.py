@@ -1,5 +1,5 @@
 """The replay benchmark's loaders: each recorded format becomes the chat requests the agent
-sent, and the generated aider-style session has aider's shape."""
+sent, and the generated sessions have aider's and SWE-agent's shapes."""
 
 from __future__ import annotations
 
@@ -145,6 +145,42 @@ def test_generated_session_has_aiders_shape(tmp_path):
     whole = rs.generated_aider_session(tmp_path, turns=1, chat_files=2, max_file_chars=200,
                                        map_chars=None)
     assert "def f399(x):" in whole.calls[0].messages[1]["content"]  # every file in the map
+
+
+def test_generated_swe_agent_session_collapses_a_middle_observation_from_the_seventh_call(
+        tmp_path):
+    for name, count in (("a.py", 20), ("b.py", 30), ("c.py", 40), ("small.py", 2)):
+        (tmp_path / name).write_text("".join(f"def f{i}(x):\n    return x + {i}\n\n"
+                                             for i in range(count)))
+    session = rs.generated_swe_agent_session(tmp_path, turns=9, files=3, window=12)
+    assert session.origin["files"] == ["a.py", "b.py", "c.py"]  # "small.py" is under a window
+    calls = session.calls
+    for turn, call in enumerate(calls):
+        roles = [m["role"] for m in call.messages]
+        assert roles == ["system", "user"] + ["assistant", "user"] * turn
+        observations = [m["content"] for m in call.messages[3::2]]
+        collapsed = [o.startswith("Old output omitted") for o in observations]
+        assert collapsed == [n < turn - 5 for n in range(turn)]  # all but the last five
+        assert all(o.startswith("[File: /") and len(o.splitlines()) >= 12 + 3
+                   for o, gone in zip(observations, collapsed) if not gone)
+        # The reply quotes the observation before the last, which the call holds whole.
+        if turn >= 2:
+            quoted = call.reply.split("```\n")[1].splitlines()
+            assert len(quoted) == 4 and all(line in observations[-2].splitlines()
+                                            for line in quoted)
+        # What it opens is the next call's last observation.
+        if turn + 1 < len(calls):
+            assert f"open {call.meta['path']} " in call.reply
+            assert calls[turn + 1].messages[-1]["content"].startswith(
+                f"[File: /{tmp_path.name}/{call.meta['path']} (")
+    # Up to the sixth call each prompt extends the last; then a message in the middle shrinks
+    # and everything after it is the last prompt's, moved.
+    for before, after in zip(calls[:6], calls[1:6]):
+        assert after.messages[:len(before.messages)] == before.messages
+    before, after = calls[6].messages, calls[7].messages  # the second observation collapses
+    assert after[5]["content"].startswith("Old output omitted")
+    assert not before[5]["content"].startswith("Old output omitted")
+    assert after[:5] == before[:5] and after[6:len(before)] == before[6:]
 
 
 def row(mode, call, status, parts, nll, ttft=1.0):

@@ -1,4 +1,5 @@
-"""Coding-agent sessions in aider's shape, and the ``agent-session`` workload drawn from them.
+"""Coding-agent sessions in aider's and SWE-agent's shapes, and the ``agent-session`` workload
+drawn from aider's.
 
 A session (``aider_session``) is the requests aider sends over a few turns: its system prompt,
 a repo map (each file's classes and functions, within a token budget as aider's
@@ -232,6 +233,147 @@ def generated_aider_session(root: Path, turns: int = TURNS, chat_files: int = 3,
               "chat_files": in_chat, "volatile": volatile, "map_chars": map_chars}
     return aider_session(root.name, sources, in_chat, turns, history_chars, map_chars,
                          origin=origin, volatile=volatile)
+
+
+# -- SWE-agent's shape ------------------------------------------------------------------------
+SWE_STYLE_SYSTEM = """SETTING: You are an autonomous programmer, working in the command line \
+with a special interface.
+
+The interface has a file editor that shows you {window} lines of a file at a time. Besides the \
+usual bash commands, you can use these commands to navigate and edit files:
+
+open <path> [<line_number>]: opens the file at path in the editor; with line_number, the \
+window moves to include that line
+goto <line_number>: moves the window to show line_number
+scroll_down: moves the window down {window} lines
+scroll_up: moves the window up {window} lines
+search_file <search_term> [<file>]: searches for search_term in file (default: the open file)
+edit <start_line>:<end_line>
+<replacement_text>
+end_of_edit: replaces lines start_line through end_line (inclusive) of the open file with the \
+replacement text, indented as the code needs
+submit: submits your changes and ends the session
+
+RESPONSE FORMAT:
+Your shell prompt is formatted as follows:
+(Open file: <path>) <cwd> $
+
+Your output has two fields, a discussion and a command, EXACTLY as in this example:
+DISCUSSION
+First I'll use ls to see what files are in the current directory.
+```
+ls -a
+```
+
+Include a *SINGLE* command in the command field, then wait for the shell's response before \
+you go on.
+"""
+SWE_ISSUE = """We're currently solving the following issue within our repository. Here's the \
+issue text:
+ISSUE:
+{issue}
+
+INSTRUCTIONS:
+Now, you're going to solve this issue on your own. Edit the files you need to and run any \
+checks you want. You can only enter one command at a time. When you're satisfied with your \
+changes, submit them by running the submit command.
+
+(Open file: n/a)
+(Current directory: /{repo})
+bash-$"""
+SWE_KEPT = 5  # observations kept whole besides the issue (SWE-agent 0.x's Last5Observations)
+
+
+def last_5_observations(history: list[dict]) -> list[dict]:
+    """SWE-agent 0.x's ``Last5Observations`` history processor: the first observation (the
+    issue) and the last five kept, every other one collapsed; demonstrations untouched."""
+    observations = sum(1 for m in history if m["role"] == "user" and not m.get("is_demo"))
+    out, seen = [], 0
+    for message in history:
+        if message["role"] != "user" or message.get("is_demo"):
+            out.append(message)
+            continue
+        seen += 1
+        if seen == 1 or seen > observations - SWE_KEPT:
+            out.append(message)
+        else:
+            lines = len(message["content"].splitlines())
+            out.append({**message, "content": f"Old output omitted ({lines} lines)"})
+    return out
+
+
+def file_window(repo: str, path: str, source: str, line: int, window: int) -> tuple[str, int]:
+    """What SWE-agent's ``open path line`` shows: ``window`` numbered lines around ``line``,
+    and the first of them."""
+    lines = source.splitlines()
+    first = max(1, min(line - window // 2, len(lines) - window + 1))
+    last = min(len(lines), first + window - 1)
+    shown = [f"[File: /{repo}/{path} ({len(lines)} lines total)]"]
+    if first > 1:
+        shown.append(f"({first - 1} more lines above)")
+    shown += [f"{n}:{lines[n - 1]}" for n in range(first, last + 1)]
+    if last < len(lines):
+        shown.append(f"({len(lines) - last} more lines below)")
+    shown += [f"(Open file: /{repo}/{path})", f"(Current directory: /{repo})", "bash-$"]
+    return "\n".join(shown), first
+
+
+def swe_agent_session(name: str, sources: dict[str, str], targets: list[tuple[str, str, int]],
+                      turns: int = 10, window: int = 100, origin: dict | None = None,
+                      agent: str = "swe-agent-generated") -> Trajectory:
+    """A session in SWE-agent 0.x's shape: its system prompt and the issue, then each turn an
+    action (``open`` a file of ``sources`` at a function of ``targets``: path, name, line)
+    and its observation, a window of the file; every call sends the history with all but the
+    last five observations collapsed, so that from the seventh call on a message in the middle
+    shrinks and everything after it moves. Each reply first quotes four lines of the
+    observation before the last (read from the context, as an agent re-reads), then acts."""
+    trajectory = Trajectory(agent, name, origin or {})
+    path, function, _ = targets[0]
+    issue = f"`{function}` in `{path}` fails on an empty input; it should return early instead."
+    history = [{"role": "system", "content": SWE_STYLE_SYSTEM.format(window=window)},
+               {"role": "user", "content": SWE_ISSUE.format(issue=issue, repo=name)}]
+    windows: list[tuple[str, int, list[str]]] = []  # each observation: path, first line, lines
+    for turn in range(turns):
+        path, function, line = targets[turn % len(targets)]
+        recall = ""
+        if len(windows) >= 2:
+            seen, first, lines = windows[-2]
+            at = len(lines) // 2
+            quoted = "\n".join(f"{first + n}:{lines[n]}" for n in range(at, at + 4))
+            recall = f"Lines {first + at}-{first + at + 3} of `{seen}` read:\n```\n{quoted}\n```\n"
+        reply = (f"DISCUSSION\n{recall}Now let's look at `{function}` in `{path}`.\n```\n"
+                 f"open {path} {line}\n```")
+        trajectory.calls.append(Call(last_5_observations(history), reply,
+                                     {"path": path, "function": function}))
+        shown, first = file_window(name, path, sources[path], line, window)
+        windows.append((path, first, sources[path].splitlines()[first - 1:first - 1 + window]))
+        history += [{"role": "assistant", "content": reply}, {"role": "user", "content": shown}]
+    return trajectory
+
+
+def generated_swe_agent_session(root: Path, turns: int = 10, files: int = 4,
+                                window: int = 100) -> Trajectory:
+    """A session in SWE-agent's shape over the Python files of ``root``: the ``files``
+    largest (not tests, with functions, at least ``window`` lines) opened in turn, each at one
+    of its functions."""
+    root = Path(root)
+    sources = {str(p.relative_to(root)): p.read_text(encoding="utf-8")
+               for p in sorted(root.rglob("*.py")) if "test" not in p.name}
+    candidates = sorted((p for p, t in sources.items()
+                         if len(t.splitlines()) >= window and _definitions(t)),
+                        key=lambda p: (len(sources[p]), p))[-files:]
+    if len(candidates) < files:
+        raise SourceError(f"{root}: fewer than {files} Python files of {window}+ lines with "
+                          "functions")
+    targets = []
+    for turn in range(turns):
+        path = candidates[turn % files]
+        definitions = _definitions(sources[path])
+        function, line, _, _ = definitions[(turn * 7) % len(definitions)]
+        targets.append((path, function, line))
+    origin = {"generated": "swe-agent-style", "source": str(root), "turns": turns,
+              "files": candidates, "window": window}
+    return swe_agent_session(root.name, sources, targets, turns, window, origin)
 
 
 # -- the agent-session workload -------------------------------------------------------------
