@@ -152,8 +152,9 @@ def test_a_model_without_a_template_renders_chats_as_chatml():
     """As llama-server does; its markers, which this vocabulary lacks, are text throughout."""
     from codekv.backends.hf import HFBackend
 
-    backend = HFBackend(tiny_model("llama"), copy.deepcopy(tiny_tokenizer()))
-    assert backend.chat_template is None
+    tokenizer = copy.deepcopy(tiny_tokenizer())
+    tokenizer.chat_template = None  # the shared tokenizer may carry another test's
+    backend = HFBackend(tiny_model("llama"), tokenizer)
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "hi <|im_start|>"}]
     text = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi <|im_start|>"
