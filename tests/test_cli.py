@@ -554,7 +554,7 @@ def test_support_shows_an_invalid_entry_and_why(tmp_path, monkeypatch):
     [code] = [e for e in shipped["entries"] if e.get("backend") == "llama.cpp"
               and e["family"] == "llama"]
     shipped["entries"] = [code, *(e for e in shipped["entries"] if e is not code)]
-    assert code["workload"] == "code-qa" and code["method"] == "query@0.15"
+    assert code["workload"] == "code-qa" and code["closest"] == "query@0.25"
     code.update(strategy="deviation")
     code["measured"]["kl"] = float("nan")
     path = tmp_path / "support.json"
@@ -568,7 +568,7 @@ def test_support_shows_an_invalid_entry_and_why(tmp_path, monkeypatch):
         "measured.kl NaN is not a finite number"]
     assert pair["evidence"]["measured"]["kl"] is None
     text = " ".join(cli("support").stdout.split())
-    assert "query@0.15" not in text.split("llama/rag")[0]  # the rule column says why instead
+    assert "query@0.25" not in text.split("llama/rag")[0]  # the rule column says why instead
     assert "│ llama/code-qa on llama.cpp │ support.json │ full prefill │ invalid entry │" in text
     assert (f"llama/code-qa on llama.cpp: unsupported: the entry for llama/code-qa on llama.cpp "
             f"in {path} is invalid: strategy 'deviation' needs") in text
