@@ -536,7 +536,8 @@ def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
     """Gemma 3 270M on llama.cpp, code QA at 2K (issue 24): no rule passed, so its requests
     fall back with the figures that failed; SmolLM2's entries speak for theirs."""
     gate = SupportGate.load()
-    [gemma] = [pair for pair in gate.pairs() if pair["family"] == "gemma3"]
+    [gemma] = [pair for pair in gate.pairs()
+               if pair["family"] == "gemma3" and pair["workload"] == "code-qa"]
     assert (gemma["engine"], gemma["workload"]) == ("llama.cpp", "code-qa")
     assert gemma["covers"]["languages"] == ["python"]
     assert gemma["covers"]["context_tokens"]["max"] <= 2048
@@ -787,3 +788,22 @@ def test_an_entry_from_a_trial_run_licenses_nothing_whatever_else_it_says():
                                            "evidence: --min-tasks 2 is below the gate's 200")
     assert SupportGate([_code_entry(SMOLLM)], "t").verdict("llama", "code-qa",
                                                            request=_asked()).allowed
+
+
+def test_the_shipped_gemma3_agent_session_entry_licenses_its_gguf_on_llama_cpp():
+    """Gemma 3 270M's last-prompt segments (session 26: its evidence and held-out run, both
+    on llama.cpp): licensed for that GGUF on that engine, up to the length measured; not on
+    transformers, where nothing was measured, and not past its contexts."""
+    gate = SupportGate.load()
+    [pair] = [pair for pair in gate.pairs()
+              if pair["family"] == "gemma3" and pair["workload"] == "agent-session"]
+    assert (pair["engine"], pair["design"]) == ("llama.cpp", "calibrated-1")
+    [fingerprint] = [m["fingerprint"] for m in pair["covers"]["models"]]
+    longest = pair["covers"]["context_tokens"]["max"]
+    verdict = gate.verdict("gemma3", "agent-session", "llama.cpp",
+                           request=_asked(fingerprint=fingerprint, tokens=5000))
+    assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("none", 0.0)
+    assert not gate.verdict("gemma3", "agent-session", "transformers",
+                            request=_asked(fingerprint=fingerprint, tokens=5000)).allowed
+    assert not gate.verdict("gemma3", "agent-session", "llama.cpp",
+                            request=_asked(fingerprint=fingerprint, tokens=longest + 1)).allowed

@@ -612,6 +612,48 @@ def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_pat
         server.stop()
 
 
+@pytest.mark.model
+@pytest.mark.llamacpp
+def test_the_shipped_gate_composes_a_gemma3_aider_session_on_llama_cpp(tmp_path_factory,
+                                                                      model_cache):
+    """No --experimental, Gemma 3 270M on llama.cpp: its own agent-session entry (8K band,
+    measured on its GGUF) licenses segments taken from the scope's last prompt with the rule
+    it passed; SmolLM2's entries say nothing of this model."""
+    from codekv.eval.sessions import aider_session
+    from codekv.gate import SupportGate
+    from codekv.models import ModelLoadError, resolve_model
+    from codekv.stdlib_repo import stdlib_dir
+
+    require("llama_cpp", "llama-cpp-python is not installed (the 'llamacpp' extra)")
+    try:
+        resolve_model("gemma3")
+    except ModelLoadError as error:
+        missing(f"Gemma 3 cannot be loaded: {error}")
+    [entry] = [e for e in SupportGate.load().entries
+               if e["workload"] == "agent-session" and e["family"] == "gemma3"]
+    assert entry["backend"] == "llama.cpp"
+    files = ["copy.py", "glob.py"]  # two calls of about 4,800 tokens on Gemma's tokenizer
+    session = aider_session("t", {f: (stdlib_dir() / f).read_text() for f in files}, files,
+                            turns=2, volatile=True)
+    server = ServeProcess(["--backend", "llama.cpp", "--model", "gemma3"],
+                          tmp_path_factory.mktemp("serve-gemma3")).wait()
+    try:
+        client = server.client()
+        model = client.models.list().data[0].id
+        _, first, _, _ = ask(client, session.calls[0].messages, model=model, max_tokens=4)
+        assert first["status"] == "full-prefill" and first["segments_stored"] == 0
+        _, report, usage, status = ask(client, session.calls[1].messages, model=model,
+                                       max_tokens=4)
+        covered = entry["covers"]["context_tokens"]
+        assert covered["min"] <= report["prompt_tokens"] <= covered["max"]
+        assert status == report["status"] == "composed", report["fallback_reason"]
+        assert report["segments_from_last_prompt"] > 0 and report["reused_tokens"] > 0
+        assert report["strategy"] == entry["strategy"] == "none"
+        assert_accounted(report, usage)
+    finally:
+        server.stop()
+
+
 # The shipped file licenses no chunk-store class (docs/results.md): the tests of the store's
 # path compose with --experimental.
 @pytest.fixture(scope="module")
