@@ -247,14 +247,15 @@ def qualify_shipped():
     return Path(qualify.__file__).parent.parent / "data" / "support.json"
 
 
-def test_the_default_grid_is_what_passed_for_the_default_model_plus_baselines():
+def test_the_default_grid_is_what_passed_or_came_closest_plus_baselines():
     shipped = [listed.entry for listed in SupportGate.load(qualify_shipped()).listed]
-    passed = {label for entry in shipped if entry.workload == "code-qa"
-              for label in entry.passed_methods()}
-    assert "query@0.15" in passed  # the rule the shipped file licenses the default model with
+    code = [entry for entry in shipped if entry.workload == "code-qa"]
+    assert not any(entry.passed_methods() for entry in code)  # under calibrated-1, none yet
+    closest = {entry.closest for entry in code}
+    assert {"query@0.15", "query@0.25"} <= closest
     grid = qualify.default_grid(("code-qa",))
-    assert grid[:2] == ("none", "boundary@0.15") and set(grid[2:]) == passed - set(grid[:2])
-    assert qualify.default_grid(("rag",)) == qualify.BASELINE_RULES  # nothing passed there
+    assert grid[:2] == ("none", "boundary@0.15") and set(grid[2:]) == closest - set(grid[:2])
+    assert qualify.default_grid(("rag",)) == (*qualify.BASELINE_RULES, "query@0.4")
     assert qualify.laxer(Thresholds()) == []
 
 

@@ -66,16 +66,17 @@ class QualifyOptions:
 
 
 def default_grid(workloads: tuple[str, ...]) -> tuple[str, ...]:
-    """The rules that passed the shipped evidence for ``workloads`` (on the default model),
-    plus ``BASELINE_RULES``."""
+    """The rules that passed the shipped evidence for ``workloads``, or came closest where
+    none passed (a rule that missed on one model may pass on another), plus
+    ``BASELINE_RULES``."""
     from codekv.gate import read_entry
 
     shipped = json.loads(resources.files("codekv").joinpath("data", "support.json").read_text())
     entries = [read_entry(entry) for entry in shipped["entries"]]  # valid: tests check it
-    passed = [label for entry in entries if entry.workload in workloads
-              for label in entry.passed_methods()
-              if split_entry(label)[0] in PARTIAL_STRATEGIES]  # no conditioning suffix
-    return tuple(dict.fromkeys((*BASELINE_RULES, *passed)))
+    best = [label for entry in entries if entry.workload in workloads
+            for label in entry.passed_methods() or [entry.closest] * bool(entry.closest)
+            if split_entry(label)[0] in PARTIAL_STRATEGIES]  # no conditioning suffix
+    return tuple(dict.fromkeys((*BASELINE_RULES, *best)))
 
 
 def laxer(thresholds: Thresholds) -> list[str]:

@@ -176,8 +176,8 @@ def qualify_argv(options) -> str:
               show_default=True,
               help="Longest context; a task's is 1/2 to all of it (what the entry covers).")
 @click.option("--strategies", default=None,
-              help="The rule grid, comma-separated, NAME@RATIO [the rules that pass for the "
-                   "default model, plus none and boundary@0.15].")
+              help="The rule grid, comma-separated, NAME@RATIO [the rules that passed the "
+                   "shipped evidence, or came closest, plus none and boundary@0.15].")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="The evidence's seed; the held-out run draws with the next one.")
 @click.option("--min-tasks", type=click.IntRange(min=1), default=MIN_TASKS, show_default=True,
