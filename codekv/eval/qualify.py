@@ -74,7 +74,7 @@ def default_grid(workloads: tuple[str, ...]) -> tuple[str, ...]:
     shipped = json.loads(resources.files("codekv").joinpath("data", "support.json").read_text())
     entries = [read_entry(entry) for entry in shipped["entries"]]  # valid: tests check it
     best = [label for entry in entries if entry.workload in workloads
-            for label in entry.passed_methods() or [entry.closest] * bool(entry.closest)
+            for label in entry.passed_methods() or ([entry.closest] if entry.closest else [])
             if split_entry(label)[0] in PARTIAL_STRATEGIES]  # no conditioning suffix
     return tuple(dict.fromkeys((*BASELINE_RULES, *best)))
 
