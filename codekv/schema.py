@@ -29,13 +29,15 @@ OTHER_REPOS, OTHER_SEED = "repos", "seed"  # where held-out tasks are drawn from
 # says), the scope's last prompt (computed there, among nearly the same neighbours), or the
 # last prompt's part of a segment that changed since (its unchanged head or tail: computed
 # there against the span that changed), a message's text (a system prompt after a new header,
-# a summary that grew) apart from a piece of code (a function edited). The gate rules on each
-# by the evidence of the workload that measured that source.
+# a summary that grew) apart from a piece of code (a function edited), or the last prompt's run
+# of the text between segments (message framing, short messages: a history after a new header).
+# The gate rules on each by the evidence of the workload that measured that source.
 STORE, LAST_PROMPT = "store", "last-prompt"
 LAST_PROMPT_TEXT_PART, LAST_PROMPT_PART = "last-prompt-text-part", "last-prompt-part"
+LAST_PROMPT_RUN = "last-prompt-run"
 PARTS = (LAST_PROMPT_TEXT_PART, LAST_PROMPT_PART)
-SOURCES = (LAST_PROMPT, *PARTS, STORE)
-FROM_LAST_PROMPT = (LAST_PROMPT, *PARTS)
+SOURCES = (LAST_PROMPT, *PARTS, LAST_PROMPT_RUN, STORE)
+FROM_LAST_PROMPT = (LAST_PROMPT, *PARTS, LAST_PROMPT_RUN)
 
 
 def part_source(kind: ChunkKind) -> str:
@@ -46,9 +48,11 @@ def part_source(kind: ChunkKind) -> str:
 def reads(source: str) -> tuple[str, ...]:
     """The sources a pipeline measuring ``source`` reads: parts of changed segments are
     measured together with the whole segments around them, and code's parts with text's too,
-    as the server reuses them where both are licensed."""
+    as the server reuses them where both are licensed; runs with segments and text's parts."""
     return {LAST_PROMPT_TEXT_PART: (LAST_PROMPT, LAST_PROMPT_TEXT_PART),
-            LAST_PROMPT_PART: FROM_LAST_PROMPT}.get(source, (source,))
+            LAST_PROMPT_PART: (LAST_PROMPT, *PARTS),
+            LAST_PROMPT_RUN: (LAST_PROMPT, LAST_PROMPT_TEXT_PART, LAST_PROMPT_RUN),
+            }.get(source, (source,))
 
 
 # What a request may be composed with, so what the gate may license: a rule that recomputes a
@@ -148,3 +152,6 @@ register(Workload("agent-session-text-parts",
                   "codekv.eval.sessions:agent_session_text_part_tasks", ChunkKind.PASSAGE,
                   needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
                   source=LAST_PROMPT_TEXT_PART, by_default=False))
+register(Workload("agent-session-runs", "codekv.eval.sessions:agent_session_run_tasks",
+                  ChunkKind.PASSAGE, needs_index=True, held_out_by=OTHER_REPOS,
+                  by_language=True, source=LAST_PROMPT_RUN, by_default=False))

@@ -162,7 +162,7 @@ def test_entries_that_name_no_pair_are_listed_as_invalid():
                                   "openvino",
                                   "workload \"chat\" is not one of code-qa, rag, tool-docs, "
                                   "agent-session, agent-session-parts, "
-                                  "agent-session-text-parts"]
+                                  "agent-session-text-parts, agent-session-runs"]
     assert third["supported"] is True  # one bad entry does not spoil the others
 
 

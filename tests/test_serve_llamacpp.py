@@ -277,6 +277,36 @@ def test_segments_moved_by_a_new_turn_come_from_the_last_prompt(tiny_engine, sca
     assert max(abs(a - b) for a, b in zip(scores["none"], scores["store"], strict=True)) > 1e-3
 
 
+@pytest.mark.model
+def test_a_history_of_short_messages_after_a_new_header_comes_from_the_last_prompt(tiny_engine):
+    """Short messages between segments after a changed header: one run of the last prompt's
+    state, moved; with every token recomputed the continuation scores as full prefill's
+    (within llama.cpp's batch-split floor)."""
+    from fixtures.turns import (
+        FILE,
+        HEADER,
+        HISTORY,
+        LONGER_HEADER,
+        NEW_TURN,
+        QUESTION,
+        SYSTEM,
+        served,
+    )
+
+    first = (HEADER + SYSTEM, *HISTORY, FILE, QUESTION)
+    second = (LONGER_HEADER + SYSTEM, *HISTORY, *NEW_TURN, FILE, QUESTION)
+    scores = {}
+    for name, options in {"all": {"strategy": "all"}, "none": {"strategy": "none"},
+                          "full": {"reuse": "exact-only"}}.items():
+        engine = tiny_engine(store=name, experimental=True, min_segment_tokens=8, **options)
+        served(engine, "agent", first)
+        outcome = served(engine, "agent", second)
+        scores[name] = outcome.continuation_nll
+        if name != "full":
+            assert outcome.status == "composed" and outcome.runs_from_last_prompt == 1
+    assert scores["all"] == pytest.approx(scores["full"], abs=1e-3)
+
+
 SYSTEM_TEXT = "You review code and answer briefly, naming the functions you read."
 BLOCK = "class Shapes:\n" + ("    def area(self, width, height):\n"
                              "        return width * height\n\n") * 4  # one piece

@@ -8,7 +8,20 @@ import threading
 
 import pytest
 import torch
-from fixtures.turns import FILE, NOTE, QUESTION, REPLY, SYSTEM, TURN, prompt, served
+from fixtures.turns import (
+    FILE,
+    HEADER,
+    HISTORY,
+    LONGER_HEADER,
+    NEW_TURN,
+    NOTE,
+    QUESTION,
+    REPLY,
+    SYSTEM,
+    TURN,
+    prompt,
+    served,
+)
 
 
 @pytest.fixture
@@ -77,8 +90,6 @@ def test_with_every_token_recomputed_the_reply_scores_as_full_prefill(engine_of)
     assert outcome.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
 
 
-HEADER = "Id 7f3a, 09:00.\n"
-LONGER_HEADER = "Id 5be14d77, 09:01:37.\n"
 EDITED = FILE.replace("width * height", "height * width")
 # (first prompt, second prompt): what agents change between calls. Each part is a message's
 # content; the question is the request.
@@ -124,6 +135,37 @@ CHANGED = {
     "an id deep inside": (SYSTEM + RULES + "Id 7f3a.\n" + RULES,
                           SYSTEM + RULES + "Id 5be14d77.\n" + RULES),
 }
+
+
+def test_after_a_changed_header_the_history_of_short_messages_is_one_run(engine_of):
+    """Short messages between segments (a history after a new header) are taken from the last
+    prompt as one run, as computed there, re-positioned; the turn added since is computed in
+    place. With every token recomputed, the reply scores as full prefill's."""
+    first = (HEADER + SYSTEM, *HISTORY, FILE, QUESTION)
+    second = (LONGER_HEADER + SYSTEM, *HISTORY, *NEW_TURN, FILE, QUESTION)
+    engine, everything, exact = (engine_of(strategy="none"), engine_of(strategy="all"),
+                                 engine_of(reuse="exact-only"))
+    backend = engine.backend
+    for each in (engine, everything):
+        served(each, "agent", first)
+    outcome = served(engine, "agent", second)
+    assert outcome.status == "composed" and outcome.runs_from_last_prompt == 1
+    assert outcome.recomputed_tokens == 0
+    # The run: the history's tokens, where each prompt has them, from the first's full prefill.
+    history = [(token_span(backend, p, 1)[0], token_span(backend, p, 4)[1])
+               for p in (first, second)]
+    ids = [backend.tokenize_prompt("".join(p))[0] for p in (first, second)]
+    (a, b), (c, d) = history
+    assert ids[0][a:b] == ids[1][c:d] and b - a >= 8
+    full = backend.state_kv(backend.full_prefill(ids[0]), len(ids[0]))
+    in_place = backend.reposition(backend.span(full, a, b), c)
+    kept = backend.span(engine.recent.prompts["agent"].kv, c, d)
+    for want, got in zip(in_place.keys + in_place.values, kept.keys + kept.values, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    recomputed = served(everything, "agent", second)
+    assert recomputed.runs_from_last_prompt == 1
+    reference = served(exact, "agent", second)
+    assert recomputed.continuation_nll == pytest.approx(reference.continuation_nll, abs=1e-4)
 
 
 @pytest.mark.parametrize("change", CHANGED)
@@ -182,6 +224,26 @@ def test_parts_are_the_longest_head_and_tail_a_segment_shares_with_the_last_prom
     assert recent.parts("other", changed, 8) == []
     recent.remember("r", [5] * 25, [(0, 25)], Kept())
     assert recent.parts("r", [5] * 20, 8) == [Part(0, 0, 20)]  # no tail over the head
+
+
+def test_runs_are_the_longest_head_and_tail_of_the_text_between_segments():
+    from codekv.serve.recent import Part, RecentPrompts, gaps
+
+    class Kept:
+        def nbytes(self):
+            return 0
+
+    assert gaps([(2, 5), (5, 9), (12, 20)], 0, 25) == [(0, 2), (9, 12), (20, 25)]
+    assert gaps([(2, 5), (12, 20)], 3, 15) == [(5, 12)]
+    assert gaps([], 4, 9) == [(4, 9)] and gaps([(0, 9)], 0, 9) == []
+    recent = RecentPrompts(backend=None, budget_bytes=1)
+    # a segment, then a history of short messages (no segment), then a segment
+    last = list(range(100, 110)) + list(range(300, 320)) + list(range(200, 210))
+    recent.remember("s", last, [(0, 10), (30, 40)], Kept())
+    grown = list(range(300, 320)) + [1, 2, 3]  # the history, and a turn added since
+    assert recent.runs("s", grown, 8) == [Part(0, 10, 20)]
+    assert recent.parts("s", grown, 8) == []  # no segment holds it
+    assert recent.runs("s", list(range(100, 110)), 8) == []  # a segment is not a run
 
 
 def test_only_the_last_prompt_is_kept_and_within_the_budget(engine_of):
@@ -364,5 +426,36 @@ def test_the_gate_licenses_parts_of_changed_segments_apart(tiny_backend, tmp_pat
             assert outcome.fallback_reason is None
         else:
             assert f"/{missing}" in outcome.fallback_reason, outcome.fallback_reason
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("licensed, runs", [
+    (("agent-session", "agent-session-text-parts"), 0),  # the history computed in place
+    (("agent-session", "agent-session-text-parts", "agent-session-runs"), 1),
+])
+def test_the_gate_licenses_runs_of_the_text_between_segments_apart(tiny_backend, tmp_path,
+                                                                    licensed, runs):
+    from fixtures.evidence import covering
+
+    from codekv.gate import SupportGate
+    from codekv.serve.engine import Engine
+    from codekv.stores.local import LocalKVStore
+
+    backend = tiny_backend()
+    gate = SupportGate([covering({"family": "llama", "workload": workload, "passed": True,
+                                  "strategy": "none", "held_out": {"passed": True}},
+                                 backend.info.fingerprint) for workload in licensed], "test")
+    engine = Engine(backend, LocalKVStore(tmp_path / "kv"), gate, min_segment_tokens=8)
+    try:
+        served(engine, "agent", (HEADER + SYSTEM, *HISTORY, FILE, QUESTION))
+        outcome = served(engine, "agent",
+                         (LONGER_HEADER + SYSTEM, *HISTORY, *NEW_TURN, FILE, QUESTION))
+        assert outcome.status == "composed" and outcome.runs_from_last_prompt == runs
+        assert outcome.parts_from_last_prompt == 1
+        if runs:
+            assert outcome.fallback_reason is None
+        else:
+            assert "/agent-session-runs" in outcome.fallback_reason, outcome.fallback_reason
     finally:
         engine.close()

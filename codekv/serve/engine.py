@@ -13,7 +13,8 @@ three parts, each counted apart:
    licenses their class from that source (or every class with ``experimental``): the last
    prompt's by the agent-session evidence, its parts' by the agent-session-text-parts evidence
    (a message's text) or the agent-session-parts evidence (a piece of code), the store's by
-   the workload of their kind;
+   the workload of their kind; so is a run of the text between segments (message framing,
+   short messages) found in the last prompt, by the agent-session-runs evidence;
    every other token there (message headers, new or unlicensed segments) is computed in place,
    against the whole context, exactly as a full prefill would;
 3. the rest is prefilled after it.
@@ -49,6 +50,7 @@ from codekv.request import COMPOSED, EXACT_PREFIX, FULL_PREFILL, RequestPiece
 from codekv.schema import (
     FROM_LAST_PROMPT,
     LAST_PROMPT,
+    LAST_PROMPT_RUN,
     PARTS,
     SOURCES,
     STORE,
@@ -60,7 +62,7 @@ from codekv.selection import strategy as make_strategy
 from codekv.serve import COMPOSE, REUSE_MODES, SHIFT_ONLY
 from codekv.serve import segments as seg
 from codekv.serve.prompt_cache import prompt_cache
-from codekv.serve.recent import RecentPrompts
+from codekv.serve.recent import RecentPrompts, gaps
 from codekv.serve.shift import ShiftSlots
 
 log = logging.getLogger("codekv.serve")
@@ -130,6 +132,7 @@ class Outcome:
     segments_reused: int = 0
     segments_from_last_prompt: int = 0  # of those, taken from the scope's last prompt
     parts_from_last_prompt: int = 0  # of those, the unchanged head or tail of a changed segment
+    runs_from_last_prompt: int = 0  # of those, a run of the text between segments
     segments_stored: int = 0
     stored_tokens: int = 0  # tokens run to store them: each after what its key says
     store_error: str | None = None
@@ -379,6 +382,9 @@ class Pipeline:
                 pending.append((p, after(segment)))
                 if not (from_last or parts):
                     misses.append((segment, p))
+        if reusing:
+            hits += self._runs(scope, ids, segments, reused_from, refusals)
+            hits.sort(key=lambda hit: hit[0].start)
         if not backend.info.unsupported and self.reuse == COMPOSE:
             pending += self._lost_in_prefix(chunks, segments, n, len(ids), piece, after)
         if storing and self.store.error:  # its lookups failed: every segment was a miss
@@ -397,7 +403,7 @@ class Pipeline:
             outcome.strategy = outcome.ratio = None
             outcome.reused_tokens = outcome.recomputed_tokens = 0
             outcome.segments_reused = outcome.segments_from_last_prompt = 0
-            outcome.parts_from_last_prompt = 0
+            outcome.parts_from_last_prompt = outcome.runs_from_last_prompt = 0
             if n:
                 context = backend.concat([self.prompts.part(prefix_kv, n)])
                 state = backend.recompute(ids[:n], context, [], ids[n:])
@@ -456,6 +462,32 @@ class Pipeline:
                              source, segment.language), verdict, None,
                  self.recent.span(scope, part.start, part.start + part.length))
                 for part in parts]
+
+    def _runs(self, scope: str, ids: list[int], segments: list[seg.Segment], start: int,
+              refusals: dict[str, str]) -> list:
+        """Hits for the text between the prompt's segments past ``start`` (message framing,
+        messages shorter than a segment): each stretch's head and tail found in the last
+        prompt's, where that class is licensed. What follows the last segment is the request,
+        computed."""
+        if self.recent is None or LAST_PROMPT_RUN not in self.sources or not segments:
+            return []
+        hits = []
+        spans = [(s.start, s.end) for s in segments]
+        for first, last in gaps(spans, start, segments[-1].end):
+            runs = self.recent.runs(scope, ids[first:last], self.min_segment_tokens)
+            if not runs:
+                continue
+            # One verdict for all: the class and the prompt's length decide it.
+            verdict = self._verdict(seg.Segment(first, last, ChunkKind.PASSAGE, LAST_PROMPT_RUN),
+                                    len(ids), LAST_PROMPT_RUN)
+            if not (verdict.allowed or self.experimental):
+                refusals.setdefault(LAST_PROMPT_RUN, verdict.reason)
+                return []
+            hits += [(seg.Segment(first + run.offset, first + run.offset + run.length,
+                                  ChunkKind.PASSAGE, LAST_PROMPT_RUN), verdict, None,
+                      self.recent.span(scope, run.start, run.start + run.length))
+                     for run in runs]
+        return hits
 
     def _before_segment(self, segments: list[seg.Segment], n: int, prompt_tokens: int) -> int:
         """Where the exact prefix stops: at ``n``, or at the start of a licensed segment it
@@ -525,6 +557,7 @@ class Pipeline:
                 reused.append(segment)
                 outcome.segments_from_last_prompt += earlier is not None
                 outcome.parts_from_last_prompt += segment.identity in PARTS
+                outcome.runs_from_last_prompt += segment.identity == LAST_PROMPT_RUN
             kvs.append((segment, kv, hit))
         if not reused:
             raise RuntimeError("the stored segments could not be read")

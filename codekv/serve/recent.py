@@ -22,6 +22,11 @@ prompt's text, a summary that grew) is not found whole, but its unchanged head a
 segments. They are taken from there the same way; the span between them is computed in place.
 The gate licenses them apart (``schema.PARTS``: a message's text's apart from a piece of code's):
 their KV was computed against the span that changed.
+
+The text between segments (the chat template's framing, messages shorter than a segment: a
+history's requests and short replies) is no segment, but a stretch of it shares its head and
+tail with the last prompt's stretches the same way (``runs``): after a new header, the history
+the last prompt held, up to the turn added since. A class of its own (``schema.LAST_PROMPT_RUN``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class LastPrompt:
     kv: Any  # the backend's chunk KV of the whole prompt, from position 0
     starts: dict[bytes, int]  # a segment's tokens -> where it starts in the prompt
     spans: list[tuple[int, int]]  # its segments, as that request cut them
+    gaps: list[tuple[int, int]]  # the text between them
     nbytes: int
 
 
@@ -84,25 +90,14 @@ class RecentPrompts:
         prompt's segments, each of at least ``min_tokens`` (and not overlapping): where a
         segment changed inside, what is left of it in the last prompt."""
         last = self.prompts.get(scope)
-        if last is None:
-            return []
-        ids = np.asarray(token_ids, dtype=np.int64)
-        head = tail = (0, 0)  # (length, where it starts in the last prompt)
-        for start, end in last.spans:
-            theirs = last.ids[start:end]
-            n = common_length(ids, theirs)
-            if n > head[0]:
-                head = (n, start)
-            n = common_length(ids[::-1], theirs[::-1])
-            if n > tail[0]:
-                tail = (n, end - n)
-        if head[0] < min_tokens:
-            head = (0, 0)
-        length = min(tail[0], len(ids) - head[0])  # a tail running into the head: what it leaves
-        found = [Part(0, head[1], head[0])] if head[0] else []
-        if length >= min_tokens:
-            found.append(Part(len(ids) - length, tail[1] + tail[0] - length, length))
-        return found
+        return [] if last is None else _head_and_tail(token_ids, last.ids, last.spans,
+                                                      min_tokens)
+
+    def runs(self, scope: str, token_ids: list[int], min_tokens: int) -> list[Part]:
+        """The same for a stretch of the text between segments, against the last prompt's."""
+        last = self.prompts.get(scope)
+        return [] if last is None else _head_and_tail(token_ids, last.ids, last.gaps,
+                                                      min_tokens)
 
     def span(self, scope: str, start: int, end: int) -> Any:
         """The scope's last prompt's KV of positions ``[start, end)``."""
@@ -117,9 +112,46 @@ class RecentPrompts:
             return
         starts = {_key(ids[start:end]): start for start, end in spans}
         self.prompts[scope] = LastPrompt(np.asarray(ids, dtype=np.int64), kv, starts,
-                                         list(spans), nbytes)
+                                         list(spans), gaps(spans, 0, len(ids)), nbytes)
         while sum(p.nbytes for p in self.prompts.values()) > self.budget_bytes:
             self.prompts.popitem(last=False)
+
+
+def gaps(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The stretches of ``[start, end)`` that no span (in order) covers."""
+    out, cursor = [], start
+    for first, last in spans:
+        if first > cursor:
+            out.append((cursor, min(first, end)))
+        cursor = max(cursor, last)
+        if cursor >= end:
+            break
+    if cursor < end:
+        out.append((cursor, end))
+    return [(first, last) for first, last in out if last > first]
+
+
+def _head_and_tail(token_ids: list[int], last_ids: np.ndarray, spans: list[tuple[int, int]],
+                   min_tokens: int) -> list[Part]:
+    """The longest head and tail ``token_ids`` share with one of ``spans`` of ``last_ids``,
+    each of at least ``min_tokens``, the tail cut where it would run into the head."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    head = tail = (0, 0)  # (length, where it starts in the last prompt)
+    for start, end in spans:
+        theirs = last_ids[start:end]
+        n = common_length(ids, theirs)
+        if n > head[0]:
+            head = (n, start)
+        n = common_length(ids[::-1], theirs[::-1])
+        if n > tail[0]:
+            tail = (n, end - n)
+    if head[0] < min_tokens:
+        head = (0, 0)
+    length = min(tail[0], len(ids) - head[0])  # a tail running into the head: what it leaves
+    found = [Part(0, head[1], head[0])] if head[0] else []
+    if length >= min_tokens:
+        found.append(Part(len(ids) - length, tail[1] + tail[0] - length, length))
+    return found
 
 
 def _key(token_ids: list[int]) -> bytes:
