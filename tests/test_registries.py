@@ -133,7 +133,7 @@ def test_eval_takes_a_registered_workload(toys):
     listed = run(toys, "eval", "--help")
     listed = listed.stdout.replace("\n", "").replace(" ", "")
     assert ("code-qa|rag|tool-docs|agent-session|agent-session-parts|"
-            "agent-session-text-parts|toy") in listed
+            "agent-session-text-parts|agent-session-runs|toy") in listed
 
 
 def test_a_registered_workload_generates_and_is_gated_by_its_chunk_kind(toys, monkeypatch):
@@ -145,7 +145,8 @@ def test_a_registered_workload_generates_and_is_gated_by_its_chunk_kind(toys, mo
     assert workload_of("toy-note") == "toy"
     with pytest.raises(ValueError, match="unknown workload 'nope'; choose from code-qa, rag, "
                                          "tool-docs, agent-session, agent-session-parts, "
-                                         "agent-session-text-parts, toy"):
+                                         "agent-session-text-parts, agent-session-runs, "
+                                         "toy"):
         generate("nope", 1, 0, 512)
 
 
