@@ -119,10 +119,10 @@ def test_served_calls_compose_from_the_last_prompt_and_all_is_full_prefill(tiny_
 
 def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_parts(
         tiny_model_dir, tmp_path, stdlib_files):
-    """``agent-session-text-parts`` and ``agent-session-parts`` draw the agent-session tasks
-    and serve them reading the unchanged parts of changed text (and, for the second, of
-    changed code) as well: a header changed before the system prompt's text leaves the text
-    to reuse."""
+    """``agent-session-text-parts``, ``agent-session-parts`` and ``agent-session-runs`` draw
+    the agent-session tasks and serve them reading the unchanged parts of changed text (and,
+    for the second, of changed code; for the third, runs of the text between segments) as
+    well: a header changed before the system prompt's text leaves the text to reuse."""
     from codekv.eval.methods import Method
     from codekv.eval.serving import Serving
     from codekv.models import load_backend
@@ -134,6 +134,7 @@ def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_pa
 
     assert (drawn(sessions.agent_session_part_tasks)
             == drawn(sessions.agent_session_text_part_tasks)
+            == drawn(sessions.agent_session_run_tasks)
             == drawn(sessions.agent_session_tasks))
     backend = load_backend(str(tiny_model_dir))
     text = ("You edit code. Answer with SEARCH/REPLACE blocks of the files in the chat, and "
@@ -141,7 +142,8 @@ def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_pa
     systems = (f"Request 1f.\n{text}", f"Request 20ab.\n{text}")
     reads = {"agent-session": ("last-prompt",),
              "agent-session-text-parts": ("last-prompt", "last-prompt-text-part"),
-             "agent-session-parts": ("last-prompt", "last-prompt-text-part", "last-prompt-part")}
+             "agent-session-parts": ("last-prompt", "last-prompt-text-part", "last-prompt-part"),
+             "agent-session-runs": ("last-prompt", "last-prompt-text-part", "last-prompt-run")}
     reused = {}
     for workload, sources in reads.items():
         serving = Serving([Method("none", 0.0)])
@@ -150,7 +152,7 @@ def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_pa
         reused[workload] = result.report.reused_tokens
         assert [key[1] for key in serving.pipelines] == [sources]
     text_tokens = len(backend.tokenize(text))
-    for workload in ("agent-session-text-parts", "agent-session-parts"):
+    for workload in ("agent-session-text-parts", "agent-session-parts", "agent-session-runs"):
         assert reused[workload] - reused["agent-session"] >= text_tokens - 2
 
 
