@@ -807,3 +807,19 @@ def test_the_shipped_gemma3_agent_session_entry_licenses_its_gguf_on_llama_cpp()
                             request=_asked(fingerprint=fingerprint, tokens=5000)).allowed
     assert not gate.verdict("gemma3", "agent-session", "llama.cpp",
                             request=_asked(fingerprint=fingerprint, tokens=longest + 1)).allowed
+
+
+def test_the_shipped_runs_entry_licenses_the_default_model_up_to_4k():
+    """Runs of the text between segments (session 27: evidence on stdlib + rich, held out on
+    filelock + prometheus_client, 4K): licensed for the default model's Python prompts up to
+    the length both runs measured, not past it and not for another model."""
+    gate = SupportGate.load()
+    [pair] = [pair for pair in gate.pairs() if pair["workload"] == "agent-session-runs"]
+    assert (pair["family"], pair["engine"], pair["design"]) == ("llama", "transformers",
+                                                                 "calibrated-1")
+    assert pair["supported"] and pair["method"] == "none"
+    verdict = gate.verdict("llama", "agent-session-runs", request=_asked(tokens=4000))
+    assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("none", 0.0)
+    assert not gate.verdict("llama", "agent-session-runs", request=_asked(tokens=4100)).allowed
+    assert not gate.verdict("llama", "agent-session-runs",
+                            request=_asked(fingerprint="0" * 32, tokens=4000)).allowed
