@@ -221,8 +221,9 @@ class Pipeline:
     prompts through it, so the evidence measures the server's own path.
 
     ``sources``: where reused segments' KV may come from, the scope's last prompt
-    (``LAST_PROMPT``, and the unchanged parts of its segments: ``PARTS``) or the
-    chunk store (``STORE``); the gate rules on each apart."""
+    (``LAST_PROMPT``, the unchanged parts of its segments: ``PARTS``, and runs of the text
+    between them: ``LAST_PROMPT_RUN``) or the chunk store (``STORE``); the gate rules on each
+    apart."""
 
     def __init__(self, backend, store, gate: SupportGate, *, experimental: bool = False,
                  strategy: str = AUTO, ratio: float | None = None,
