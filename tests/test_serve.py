@@ -433,8 +433,11 @@ def test_experimental_reuses_every_class(tiny_model_dir, tiny_support, tmp_path)
         assert report["fallback_reason"] is None
         _, report, usage, _ = ask(client, [SYSTEM, {"role": "user", "content": "Read this."},
                                            {"role": "user", "content": note}])
-        assert report["status"] == "composed" and report["segments_reused"] == 1
-        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(note)
+        assert report["status"] == "composed" and report["segments_reused"] == 2
+        # the note, and a run: the markers before it, which the last prompt ended its text
+        # between segments with too (8 tokens on this tokenizer, the segment minimum here)
+        assert report["segments_from_last_prompt"] == 2 and report["runs_from_last_prompt"] == 1
+        assert report["reused_tokens"] + report["recomputed_tokens"] == tiny_tokens(note) + 8
         assert_accounted(report, usage)
     finally:
         server.stop()

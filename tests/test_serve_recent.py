@@ -44,12 +44,59 @@ def engine_of(tiny_backend, tmp_path):
         engine.close()
 
 
+@pytest.fixture
+def licensed_engine(tiny_backend, tmp_path):
+    """An engine on the tiny model whose gate licenses ``none`` for the given workloads."""
+    from fixtures.evidence import covering
+
+    from codekv.gate import SupportGate
+    from codekv.serve.engine import Engine
+    from codekv.stores.local import LocalKVStore
+
+    made = []
+
+    def make(licensed: tuple[str, ...]):
+        backend = tiny_backend()
+        gate = SupportGate([covering({"family": "llama", "workload": workload, "passed": True,
+                                      "strategy": "none", "held_out": {"passed": True}},
+                                     backend.info.fingerprint) for workload in licensed], "test")
+        made.append(Engine(backend, LocalKVStore(tmp_path / f"kv{len(made)}"), gate,
+                           min_segment_tokens=8))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
 def token_span(backend, parts: tuple[str, ...], index: int) -> tuple[int, int]:
     """Where part ``index`` lies in the prompt's tokens (parts end on token boundaries)."""
     before = backend.tokenize_prompt("".join(parts[:index]))[0]
     through = backend.tokenize_prompt("".join(parts[:index + 1]))[0]
     assert through[:len(before)] == before
     return len(before), len(through)
+
+
+def kept_as_computed_there(engine, first_ids: list[int], old: tuple[int, int], start: int):
+    """The scope's last prompt holds tokens ``old`` of the first prompt as its full prefill
+    computed them there, rotated to ``start`` (where the second prompt has them)."""
+    backend = engine.backend
+    full = backend.state_kv(backend.full_prefill(first_ids), len(first_ids))
+    in_place = backend.reposition(backend.span(full, *old), start)
+    kept = backend.span(engine.recent.prompts["agent"].kv, start, start + old[1] - old[0])
+    for want, got in zip(in_place.keys + in_place.values, kept.keys + kept.values, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    return kept
+
+
+def second_served(engine_of, first, second):
+    """Three engines: ``none``, ``all`` and exact-only; ``first`` served on the first two, and
+    the outcome of ``second`` on the first."""
+    engine, everything, exact = (engine_of(strategy="none"), engine_of(strategy="all"),
+                                 engine_of(reuse="exact-only"))
+    for each in (engine, everything):
+        served(each, "agent", first)
+    return engine, everything, exact, served(engine, "agent", second)
 
 
 def test_a_segment_moved_by_a_new_turn_is_taken_from_the_last_prompt_as_computed_there(
@@ -67,12 +114,8 @@ def test_a_segment_moved_by_a_new_turn_is_taken_from_the_last_prompt_as_computed
     # The file's KV is the first prompt's, as its full prefill computed it there (after the
     # note), rotated to where the file is now: not the chunk store's (computed alone).
     old, new = token_span(backend, first, 2), token_span(backend, second, 3)
-    ids = backend.tokenize_prompt("".join(first))[0]
-    in_place = backend.reposition(backend.span(backend.state_kv(backend.full_prefill(ids),
-                                                                len(ids)), *old), new[0])
-    kept = backend.span(engine.recent.prompts["agent"].kv, *new)
-    for want, got in zip(in_place.keys + in_place.values, kept.keys + kept.values, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    kept = kept_as_computed_there(engine, backend.tokenize_prompt("".join(first))[0], old,
+                                  new[0])
     alone = backend.reposition(backend.prefill_chunk(backend.tokenize(FILE)), new[0])
     assert not torch.allclose(kept.values[-1], alone.values[-1], atol=1e-3)
     # Another scope's prompt is never read: the same prompt there is a full prefill.
@@ -143,12 +186,8 @@ def test_after_a_changed_header_the_history_of_short_messages_is_one_run(engine_
     place. With every token recomputed, the reply scores as full prefill's."""
     first = (HEADER + SYSTEM, *HISTORY, FILE, QUESTION)
     second = (LONGER_HEADER + SYSTEM, *HISTORY, *NEW_TURN, FILE, QUESTION)
-    engine, everything, exact = (engine_of(strategy="none"), engine_of(strategy="all"),
-                                 engine_of(reuse="exact-only"))
+    engine, everything, exact, outcome = second_served(engine_of, first, second)
     backend = engine.backend
-    for each in (engine, everything):
-        served(each, "agent", first)
-    outcome = served(engine, "agent", second)
     assert outcome.status == "composed" and outcome.runs_from_last_prompt == 1
     assert outcome.recomputed_tokens == 0
     # The run: the history's tokens, where each prompt has them, from the first's full prefill.
@@ -157,11 +196,7 @@ def test_after_a_changed_header_the_history_of_short_messages_is_one_run(engine_
     ids = [backend.tokenize_prompt("".join(p))[0] for p in (first, second)]
     (a, b), (c, d) = history
     assert ids[0][a:b] == ids[1][c:d] and b - a >= 8
-    full = backend.state_kv(backend.full_prefill(ids[0]), len(ids[0]))
-    in_place = backend.reposition(backend.span(full, a, b), c)
-    kept = backend.span(engine.recent.prompts["agent"].kv, c, d)
-    for want, got in zip(in_place.keys + in_place.values, kept.keys + kept.values, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    kept_as_computed_there(engine, ids[0], (a, b), c)
     recomputed = served(everything, "agent", second)
     assert recomputed.runs_from_last_prompt == 1
     reference = served(exact, "agent", second)
@@ -176,12 +211,8 @@ def test_a_changed_segments_unchanged_tail_is_taken_from_the_last_prompt(engine_
     prefill's."""
     old, new = CHANGED[change]
     first, second = (old, FILE, QUESTION), (new, FILE, QUESTION)
-    engine, everything, exact = (engine_of(strategy="none"), engine_of(strategy="all"),
-                                 engine_of(reuse="exact-only"))
+    engine, everything, exact, outcome = second_served(engine_of, first, second)
     backend = engine.backend
-    for each in (engine, everything):
-        served(each, "agent", first)
-    outcome = served(engine, "agent", second)
     assert outcome.status == "composed" and outcome.parts_from_last_prompt == 1
     assert outcome.segments_from_last_prompt == 2  # the part and the file
     assert outcome.recomputed_tokens == 0
@@ -191,11 +222,7 @@ def test_a_changed_segments_unchanged_tail_is_taken_from_the_last_prompt(engine_
     tail = next(n for n in range(1, min(ends) + 1)
                 if ids[0][ends[0] - n] != ids[1][ends[1] - n]) - 1
     assert tail >= 8
-    full = backend.state_kv(backend.full_prefill(ids[0]), len(ids[0]))
-    in_place = backend.reposition(backend.span(full, ends[0] - tail, ends[0]), ends[1] - tail)
-    kept = backend.span(engine.recent.prompts["agent"].kv, ends[1] - tail, ends[1])
-    for want, got in zip(in_place.keys + in_place.values, kept.keys + kept.values, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    kept_as_computed_there(engine, ids[0], (ends[0] - tail, ends[0]), ends[1] - tail)
     recomputed = served(everything, "agent", second)
     assert recomputed.parts_from_last_prompt == 1
     reference = served(exact, "agent", second)
@@ -400,62 +427,36 @@ CHANGED_KIND = {
     (("agent-session", "agent-session-text-parts"), "code", 0, "agent-session-parts"),
     (("agent-session", "agent-session-parts"), "code", 1, None),
 ])
-def test_the_gate_licenses_parts_of_changed_segments_apart(tiny_backend, tmp_path, licensed,
+def test_the_gate_licenses_parts_of_changed_segments_apart(licensed_engine, licensed,
                                                            change, parts, missing):
-    from fixtures.evidence import covering
-
-    from codekv.gate import SupportGate
-    from codekv.serve.engine import Engine
-    from codekv.stores.local import LocalKVStore
-
-    backend = tiny_backend()
-    gate = SupportGate([covering({"family": "llama", "workload": workload, "passed": True,
-                                  "strategy": "none", "held_out": {"passed": True}},
-                                 backend.info.fingerprint) for workload in licensed], "test")
-    engine = Engine(backend, LocalKVStore(tmp_path / "kv"), gate, min_segment_tokens=8)
-    try:
-        first, second = CHANGED_KIND[change]
-        served(engine, "agent", first)
-        outcome = served(engine, "agent", second)
-        assert outcome.parts_from_last_prompt == parts
-        if change == "text":  # the file is reused whatever the header's parts: composed
-            assert outcome.status == "composed" and outcome.strategy == "none"
-            assert outcome.segments_from_last_prompt == 1 + parts  # the file, and the part
-        if parts:
-            assert outcome.status == "composed" and outcome.strategy == "none"
-            assert outcome.fallback_reason is None
-        else:
-            assert f"/{missing}" in outcome.fallback_reason, outcome.fallback_reason
-    finally:
-        engine.close()
+    engine = licensed_engine(licensed)
+    first, second = CHANGED_KIND[change]
+    served(engine, "agent", first)
+    outcome = served(engine, "agent", second)
+    assert outcome.parts_from_last_prompt == parts
+    if change == "text":  # the file is reused whatever the header's parts: composed
+        assert outcome.status == "composed" and outcome.strategy == "none"
+        assert outcome.segments_from_last_prompt == 1 + parts  # the file, and the part
+    if parts:
+        assert outcome.status == "composed" and outcome.strategy == "none"
+        assert outcome.fallback_reason is None
+    else:
+        assert f"/{missing}" in outcome.fallback_reason, outcome.fallback_reason
 
 
 @pytest.mark.parametrize("licensed, runs", [
     (("agent-session", "agent-session-text-parts"), 0),  # the history computed in place
     (("agent-session", "agent-session-text-parts", "agent-session-runs"), 1),
 ])
-def test_the_gate_licenses_runs_of_the_text_between_segments_apart(tiny_backend, tmp_path,
-                                                                    licensed, runs):
-    from fixtures.evidence import covering
-
-    from codekv.gate import SupportGate
-    from codekv.serve.engine import Engine
-    from codekv.stores.local import LocalKVStore
-
-    backend = tiny_backend()
-    gate = SupportGate([covering({"family": "llama", "workload": workload, "passed": True,
-                                  "strategy": "none", "held_out": {"passed": True}},
-                                 backend.info.fingerprint) for workload in licensed], "test")
-    engine = Engine(backend, LocalKVStore(tmp_path / "kv"), gate, min_segment_tokens=8)
-    try:
-        served(engine, "agent", (HEADER + SYSTEM, *HISTORY, FILE, QUESTION))
-        outcome = served(engine, "agent",
-                         (LONGER_HEADER + SYSTEM, *HISTORY, *NEW_TURN, FILE, QUESTION))
-        assert outcome.status == "composed" and outcome.runs_from_last_prompt == runs
-        assert outcome.parts_from_last_prompt == 1
-        if runs:
-            assert outcome.fallback_reason is None
-        else:
-            assert "/agent-session-runs" in outcome.fallback_reason, outcome.fallback_reason
-    finally:
-        engine.close()
+def test_the_gate_licenses_runs_of_the_text_between_segments_apart(licensed_engine, licensed,
+                                                                    runs):
+    engine = licensed_engine(licensed)
+    served(engine, "agent", (HEADER + SYSTEM, *HISTORY, FILE, QUESTION))
+    outcome = served(engine, "agent",
+                     (LONGER_HEADER + SYSTEM, *HISTORY, *NEW_TURN, FILE, QUESTION))
+    assert outcome.status == "composed" and outcome.runs_from_last_prompt == runs
+    assert outcome.parts_from_last_prompt == 1
+    if runs:
+        assert outcome.fallback_reason is None
+    else:
+        assert "/agent-session-runs" in outcome.fallback_reason, outcome.fallback_reason
