@@ -598,12 +598,7 @@ def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_pat
                             turns=2, volatile=True)
     server = default_model_server(tmp_path_factory)
     try:
-        client = server.client()
-        model = client.models.list().data[0].id
-        _, first, _, _ = ask(client, session.calls[0].messages, model=model, max_tokens=4)
-        assert first["status"] == "full-prefill" and first["segments_stored"] == 0
-        _, report, usage, status = ask(client, session.calls[1].messages, model=model,
-                                       max_tokens=4)
+        report, usage, status = second_call(server, session)
         assert band // 2 < report["prompt_tokens"] <= entry["covers"]["context_tokens"]["max"]
         assert status == report["status"] == "composed", report["fallback_reason"]
         assert report["segments_from_last_prompt"] > 0 and report["reused_tokens"] > 0
@@ -613,6 +608,17 @@ def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_pat
         assert_accounted(report, usage)
     finally:
         server.stop()
+
+
+def second_call(server, session):
+    """A two-call session through ``server``: the first call a full prefill that stores
+    nothing; the second's report, usage and status header."""
+    client = server.client()
+    model = client.models.list().data[0].id
+    _, first, _, _ = ask(client, session.calls[0].messages, model=model, max_tokens=4)
+    assert first["status"] == "full-prefill" and first["segments_stored"] == 0
+    _, report, usage, status = ask(client, session.calls[1].messages, model=model, max_tokens=4)
+    return report, usage, status
 
 
 @pytest.mark.model
@@ -641,12 +647,7 @@ def test_the_shipped_gate_composes_a_gemma3_aider_session_on_llama_cpp(tmp_path_
     server = ServeProcess(["--backend", "llama.cpp", "--model", "gemma3"],
                           tmp_path_factory.mktemp("serve-gemma3")).wait()
     try:
-        client = server.client()
-        model = client.models.list().data[0].id
-        _, first, _, _ = ask(client, session.calls[0].messages, model=model, max_tokens=4)
-        assert first["status"] == "full-prefill" and first["segments_stored"] == 0
-        _, report, usage, status = ask(client, session.calls[1].messages, model=model,
-                                       max_tokens=4)
+        report, usage, status = second_call(server, session)
         covered = entry["covers"]["context_tokens"]
         assert covered["min"] <= report["prompt_tokens"] <= covered["max"]
         assert status == report["status"] == "composed", report["fallback_reason"]
