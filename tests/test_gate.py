@@ -478,33 +478,35 @@ def test_the_shipped_negatives_per_language_are_what_their_runs_measured(languag
     assert CALIBRATED_2K in gate.verdict("llama", "code-qa", request=_asked()).reason
 
 
-def test_the_shipped_4k_entry_refuses_longer_python_requests_with_its_figures():
-    """Code QA at 4K contexts (issue 23): no rule passed, so Python requests of 2,049 to
-    4,049 tokens fall back, naming the figure that failed; up to 2,048 the calibrated 2K
-    entry refuses them with its own."""
+def test_the_shipped_4k_entry_is_the_calibrated_run_s_negative():
+    """Code QA at 4K contexts, re-run under the calibrated design (session 28; the first
+    design's negative is gone): no rule passed, so Python requests of 2,049 to 3,979 tokens
+    (its longest task) fall back, naming the figures that failed; up to 2,048 the calibrated
+    2K entry refuses them with its own."""
     gate = SupportGate.load()
     short, long, _ = _shipped_python(gate)
-    assert long["covers"]["context_tokens"] == {"min": 1902, "max": 4049}
+    assert long["covers"]["context_tokens"] == {"min": 1877, "max": 3979}
+    assert long["design"] == "calibrated-1"
     assert [m["fingerprint"] for m in long["covers"]["models"]] == [SMOLLM]
     assert CALIBRATED_2K in gate.verdict("llama", "code-qa",
                                   request=_asked(tokens=2042)).reason
-    for tokens in (2049, 4049):
+    for tokens in (2049, 3979):
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
             "unsupported: llama/code-qa failed its evaluation (query@0.25: delta NLL CI high "
-            "0.063 > 0.05)")
+            "0.062 > 0.05; retention CI low 0.788 < 0.85)")
 
 
 def test_the_shipped_8k_entry_refuses_longer_python_requests_with_its_figures():
     """Code QA at 8K contexts (issue 23): no rule passed (``query@0.25`` missed the
     edit-similarity bound by a hair), so Python requests longer than the 4K entry's longest
-    task (4,049 tokens), up to 8,192, fall back naming it; the 2K and 4K entries still judge
+    task (3,979 tokens), up to 8,192, fall back naming it; the 2K and 4K entries still judge
     the shorter ones."""
     gate = SupportGate.load()
     _, long, longest = _shipped_python(gate)
     assert longest["covers"]["context_tokens"] == {"min": 3682, "max": 7584}
     assert [m["fingerprint"] for m in longest["covers"]["models"]] == [SMOLLM]
-    assert "delta NLL" in gate.verdict("llama", "code-qa", request=_asked(tokens=4049)).reason
-    for tokens in (4050, 7584, 8192):
+    assert "delta NLL" in gate.verdict("llama", "code-qa", request=_asked(tokens=3979)).reason
+    for tokens in (3980, 7584, 8192):
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
             "unsupported: llama/code-qa failed its evaluation (query@0.25: score drop CI high "
             "1.00 > 1.0)")
