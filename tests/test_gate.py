@@ -484,7 +484,7 @@ def test_the_shipped_4k_entry_is_the_calibrated_run_s_negative():
     (its longest task) fall back, naming the figures that failed; up to 2,048 the calibrated
     2K entry refuses them with its own."""
     gate = SupportGate.load()
-    short, long, _ = _shipped_python(gate)
+    _, long, _ = _shipped_python(gate)
     assert long["covers"]["context_tokens"] == {"min": 1877, "max": 3979}
     assert long["design"] == "calibrated-1"
     assert [m["fingerprint"] for m in long["covers"]["models"]] == [SMOLLM]
@@ -502,7 +502,7 @@ def test_the_shipped_8k_entry_refuses_longer_python_requests_with_its_figures():
     task (3,979 tokens), up to 8,192, fall back naming it; the 2K and 4K entries still judge
     the shorter ones."""
     gate = SupportGate.load()
-    _, long, longest = _shipped_python(gate)
+    *_, longest = _shipped_python(gate)
     assert longest["covers"]["context_tokens"] == {"min": 3682, "max": 7584}
     assert [m["fingerprint"] for m in longest["covers"]["models"]] == [SMOLLM]
     assert "delta NLL" in gate.verdict("llama", "code-qa", request=_asked(tokens=3979)).reason
