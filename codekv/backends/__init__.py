@@ -30,6 +30,11 @@ CHATML = ("{%- for message in messages -%}"
           "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
 
 
+def chat_template_of(backend) -> str:
+    """The template ``backend`` renders chats with: the model's own, else ``CHATML``."""
+    return backend.chat_template or CHATML
+
+
 class UnsupportedModel(Exception):
     """Composition would be wrong for this model (or input): callers fall back to full prefill."""
 

@@ -25,7 +25,13 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from codekv.backends import CHATML, ModelInfo, UnsupportedModel, mean_nll, prompt_tokens
+from codekv.backends import (
+    ModelInfo,
+    UnsupportedModel,
+    chat_template_of,
+    mean_nll,
+    prompt_tokens,
+)
 from codekv.stores.entry import BadEntry, KVEntry
 
 # Families with rotate-half RoPE applied to keys after any key normalisation, so a cached key
@@ -211,7 +217,7 @@ class HFBackend:
         assistant's turn."""
         try:
             return self.tokenizer.apply_chat_template(messages, tools=tools or None,
-                                                      chat_template=self.chat_template or CHATML,
+                                                      chat_template=chat_template_of(self),
                                                       tokenize=False, add_generation_prompt=True)
         except Exception as error:  # the template's own raise_exception, a Jinja error
             raise ValueError(str(error)) from None

@@ -61,9 +61,9 @@ import numpy as np
 import torch
 
 from codekv.backends import (
-    CHATML,
     ModelInfo,
     UnsupportedModel,
+    chat_template_of,
     mean_nll,
     prompt_tokens,
 )
@@ -327,14 +327,13 @@ class LlamaCppBackend:
         Jinja renderer, as the transformers engine does), ending with the assistant's turn."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        template = self.chat_template or CHATML
         names = {}
         for name, token in (("bos_token", self._L.llama_vocab_bos(self._vocab)),
                             ("eos_token", self._L.llama_vocab_eos(self._vocab))):
             names[name] = self._piece(token, True).decode("utf-8", "replace") if token >= 0 else ""
         try:
             rendered, _ = render_jinja_template([messages], tools=tools or None,
-                                                chat_template=template,
+                                                chat_template=chat_template_of(self),
                                                 add_generation_prompt=True, **names)
         except Exception as error:  # the template's own raise_exception, a Jinja error
             raise ValueError(str(error)) from None

@@ -15,7 +15,7 @@ import re
 import weakref
 from dataclasses import dataclass
 
-from codekv.backends import CHATML
+from codekv.backends import chat_template_of
 from codekv.serve.engine import Prompt, RequestError
 from codekv.serve.segments import tool_descriptions
 
@@ -90,8 +90,7 @@ def render(backend, messages: list[dict], tools: list[dict] | None = None) -> Re
 def chat_prompt(backend, messages: list[dict], tools: list[dict] | None = None) -> Prompt:
     """The prompt as the model's own chat template renders it (with the assistant's turn),
     its special tokens the template's alone (above)."""
-    template = backend.chat_template or CHATML
-    if tools and "tools" not in template:
+    if tools and "tools" not in chat_template_of(backend):
         raise RequestError(400, "the model's chat template cannot render tools: send them in "
                                 "a message instead", "tools")
     try:
