@@ -524,7 +524,8 @@ def compose_state(backend: Backend, context_ids: list[int], parts: list, segment
             t = time.perf_counter()
             probe = query_ids if probe_tokens is None else query_ids[-probe_tokens:]
             relevance_cache.append(backend.query_relevance(
-                context, probe, query_probe_layers(backend.info.n_layers), placeholders))
+                context, probe, query_probe_layers(backend.info.n_layers, selection.deep_probe),
+                placeholders))
             timings["relevance"] = time.perf_counter() - t
         return relevance_cache[0]
 
@@ -577,9 +578,10 @@ def recomputing_most(verdicts: list[Verdict]) -> Verdict:
     return max(verdicts, key=lambda v: (v.ratio or 0.0, v.strategy))
 
 
-def query_probe_layers(n_layers: int) -> tuple[int, ...]:
-    """Where query-aware rules read the query's attention: every layer of the first half."""
-    return tuple(range(max(1, n_layers // 2)))
+def query_probe_layers(n_layers: int, deep: bool = False) -> tuple[int, ...]:
+    """Where query-aware rules read the query's attention: every layer of the first half, or
+    every layer (``deep``)."""
+    return tuple(range(n_layers if deep else max(1, n_layers // 2)))
 
 
 def _byte_to_char(data: bytes):

@@ -9,7 +9,13 @@ from fixtures.models import TINY_FAMILIES
 from transformers import DynamicCache
 
 from codekv.selection import Segment, SelectionContext, TokenAnchor, strategy
-from codekv.selection.query import QueryAnchorSelection, QueryCostSelection, QuerySelection
+from codekv.selection.query import (
+    QueryAnchorSelection,
+    QueryCostSelection,
+    QueryDeepSelection,
+    QueryNextSelection,
+    QuerySelection,
+)
 
 
 def eager_attention(backend, context, query: list[int]) -> list[torch.Tensor]:
@@ -123,6 +129,39 @@ def test_key_cost_is_one_keys_flops_over_a_rows_weights(tiny_backend, family):
     assert backend.info.key_cost == pytest.approx(4 * heads * d / (2 * weights))
 
 
+def test_query_next_takes_what_follows_each_attended_token_in_its_chunk():
+    relevance = torch.zeros(30)
+    relevance[[5, 17, 28]] = torch.tensor([0.9, 0.5, 0.7])
+    rule = QueryNextSelection(floor=1, span=3)
+    # The floor (10, 20); 5 and the three after it; 28 and 29, where its chunk ends; then 17
+    # and what follows it while the budget lasts.
+    assert rule.select(selection_context(relevance, 10)) == [5, 6, 7, 8, 10, 17, 18, 20, 28, 29]
+    assert rule.select(selection_context(relevance, 4)) == [5, 6, 10, 20]
+    assert QueryNextSelection(floor=1, span=0).select(selection_context(relevance, 6)) == \
+        QuerySelection(floor=1).select(selection_context(relevance, 6))
+    assert rule.select(selection_context(relevance, 0)) == []
+
+
+def test_query_deep_reads_every_layers_attention(tiny_backend, tmp_path, monkeypatch):
+    """``query-deep`` ranks by the mean over every layer, ``query`` over the first half."""
+    from codekv.compose import Composer, Passage
+    from codekv.stores.local import LocalKVStore
+
+    backend = tiny_backend("llama")
+    n_layers = len(backend.model.base_model.layers)
+    read = []
+    probe = backend.query_relevance
+    monkeypatch.setattr(backend, "query_relevance",
+                        lambda *args: read.append(args[2]) or probe(*args))
+    composer = Composer(backend, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+    chunks = [Passage("def area(width, height):\n    return width * height\n"),
+              Passage("the quick brown fox jumps over the lazy dog\n")]
+    for name in ("query", "query-deep"):
+        assert composer.compose(chunks, "area(", strategy=name, ratio=0.3).status == "composed"
+    assert read == [tuple(range(n_layers // 2)), tuple(range(n_layers))]
+    assert QueryDeepSelection.select is QuerySelection.select  # only the probe differs
+
+
 def test_query_anchors_prefers_anchors_the_query_names():
     relevance = torch.linspace(1.0, 0.0, 30)  # earlier tokens attended more
     anchors = [TokenAnchor("def", "parse", 6, 8)]  # positions 16, 17
@@ -132,7 +171,8 @@ def test_query_anchors_prefers_anchors_the_query_names():
     assert QuerySelection(floor=1).select(context) == [0, 1, 2, 3, 10, 20]
 
 
-@pytest.mark.parametrize("name", ["query", "query-cost", "query-anchors"])
+@pytest.mark.parametrize("name", ["query", "query-cost", "query-deep", "query-next",
+                                  "query-anchors"])
 def test_query_rules_compose_exactly_with_a_full_budget(tiny_backend, tmp_path, name):
     from codekv.compose import Composer, Passage
     from codekv.stores.local import LocalKVStore

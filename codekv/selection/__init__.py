@@ -13,7 +13,13 @@ from codekv.selection.base import (
     TokenAnchor,
 )
 from codekv.selection.deviation import DeviationSelection
-from codekv.selection.query import QueryAnchorSelection, QueryCostSelection, QuerySelection
+from codekv.selection.query import (
+    QueryAnchorSelection,
+    QueryCostSelection,
+    QueryDeepSelection,
+    QueryNextSelection,
+    QuerySelection,
+)
 from codekv.selection.simple import (
     AllSelection,
     BoundarySelection,
@@ -33,6 +39,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
         HybridSelection,
         QuerySelection,
         QueryCostSelection,
+        QueryDeepSelection,
+        QueryNextSelection,
         QueryAnchorSelection,
         AllSelection,
         RandomSelection,

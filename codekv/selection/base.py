@@ -60,6 +60,7 @@ class Strategy:
     reposition: bool = True  # False only for the evaluation's "not re-positioned" baseline
     needs_deviation: bool = False  # reads ``context.deviation`` (an engine may not score it)
     needs_relevance: bool = False  # reads ``context.relevance``, likewise
+    deep_probe: bool = False  # ``relevance`` averages every layer's attention, not the first half's
     ratio_free: bool = False  # recomputes nothing whatever the ratio
     recomputes_all: bool = False  # full prefill's result at a higher cost: the exactness check
     control: bool = False  # a negative control of the gate's calibration: never licensed

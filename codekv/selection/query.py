@@ -9,6 +9,7 @@ each chunk's first tokens (the attention sinks a chunk computed alone carries, E
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,39 @@ class QueryCostSelection(QuerySelection):
                 chosen.append(position)
                 spent += cost
         return sorted(chosen)
+
+
+@dataclass
+class QueryNextSelection(QuerySelection):
+    """``query``, each attended token taken with the ``span`` tokens after it in its chunk.
+
+    A lookup copies the text that follows what it matched (an induction head attends to the
+    token after the match), and the query attends to the match, not to what follows it."""
+
+    name = "query-next"
+    span: int = 16
+
+    def select(self, context: SelectionContext) -> list[int]:
+        if context.budget <= 0 or context.relevance is None:
+            return []
+        chosen = take(boundary_positions(context, self.floor), context.budget)
+        end = {p: s.end for s in context.segments for p in range(s.start, s.end)}
+
+        def followed() -> Iterator[int]:
+            for position in by_relevance(context):
+                if position in end:
+                    yield from range(position, min(position + 1 + self.span, end[position]))
+
+        return sorted(take(followed(), context.budget, chosen))
+
+
+@dataclass
+class QueryDeepSelection(QuerySelection):
+    """``query`` with the query's attention averaged over every layer, not the first half's:
+    the later layers attend to what an answer is read from (docs/results.md, session 29)."""
+
+    name = "query-deep"
+    deep_probe = True
 
 
 @dataclass
