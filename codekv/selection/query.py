@@ -104,8 +104,8 @@ class QueryNextSelection(QuerySelection):
 
 @dataclass
 class QueryDeepSelection(QuerySelection):
-    """``query`` with the query's attention averaged over every layer, not the first half's:
-    the later layers attend to what an answer is read from (docs/results.md, session 29)."""
+    """``query``, ranked by the query's attention averaged over every layer rather than the
+    first half's, so the layers that read an answer out of the context have a say."""
 
     name = "query-deep"
     deep_probe = True
