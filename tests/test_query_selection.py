@@ -8,7 +8,7 @@ from fixtures.compose import composed_context, token_ids
 from fixtures.models import TINY_FAMILIES
 from transformers import DynamicCache
 
-from codekv.selection import Segment, SelectionContext, TokenAnchor, strategy
+from codekv.selection import STRATEGIES, Segment, SelectionContext, TokenAnchor, strategy
 from codekv.selection.query import (
     QueryAnchorSelection,
     QueryCostSelection,
@@ -16,6 +16,8 @@ from codekv.selection.query import (
     QueryNextSelection,
     QuerySelection,
 )
+
+QUERY_RULES = sorted(name for name, rule in STRATEGIES.items() if rule.needs_relevance)
 
 
 def eager_attention(backend, context, query: list[int]) -> list[torch.Tensor]:
@@ -171,8 +173,7 @@ def test_query_anchors_prefers_anchors_the_query_names():
     assert QuerySelection(floor=1).select(context) == [0, 1, 2, 3, 10, 20]
 
 
-@pytest.mark.parametrize("name", ["query", "query-cost", "query-deep", "query-next",
-                                  "query-anchors"])
+@pytest.mark.parametrize("name", QUERY_RULES)
 def test_query_rules_compose_exactly_with_a_full_budget(tiny_backend, tmp_path, name):
     from codekv.compose import Composer, Passage
     from codekv.stores.local import LocalKVStore
