@@ -124,8 +124,6 @@ def test_query_rules_recomputing_everything_are_exact_within_the_floor(tiny_llam
         assert report.reused_tokens == 0
 
 
-@pytest.mark.parametrize("strategy", ["none", "boundary", "anchors", "query", "query-cost",
-                                      "query-anchors"])
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     ranks = [torch.empty(len(x), dtype=torch.float64).index_put_(
         (x.argsort(),), torch.arange(len(x), dtype=torch.float64)) for x in (a, b)]
