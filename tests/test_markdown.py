@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fixtures.evidence import fake_measure
 
-from codekv.eval import markdown
+from codekv.eval import controls, markdown
 from codekv.eval.results import aggregate
 
 
@@ -66,5 +66,22 @@ def test_markdown_reads_an_unfinished_runs_checkpoint(tmp_path):
 def test_markdown_refuses_a_damaged_checkpoint(tmp_path, capsys):
     path = tmp_path / "run.jsonl"
     path.write_text('{"config": {}}\nnot a record\n{"task": "t1", "measures": []}\n')
-    assert markdown.main(["markdown", "--checkpoint", str(path)]) == 1
+    with pytest.raises(SystemExit) as exit:
+        markdown.main(["--checkpoint", str(path)])
+    assert exit.value.code == 2
     assert "run.jsonl, line 2: not a finished task's record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, says", [
+    (None, "No such file or directory"),
+    ("{not json", "not a results file (not JSON"),
+    ('{"results": []}', "not a results file (no list of measures)"),
+])
+@pytest.mark.parametrize("tool", [markdown, controls])
+def test_the_tools_refuse_what_is_not_a_results_file(tmp_path, capsys, tool, text, says):
+    path = tmp_path / "run.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exit:
+        tool.main([str(path)])
+    assert exit.value.code == 2 and says in capsys.readouterr().err

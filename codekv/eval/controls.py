@@ -19,8 +19,6 @@ probability for a rule like the measured one at that task count. The controls:
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from dataclasses import dataclass
 
@@ -149,24 +147,16 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="?", help="a `codekv eval --json` file")
-    parser.add_argument("--checkpoint", help="or an unfinished run's checkpoint (its tasks so far)")
+    from codekv.eval.markdown import arguments, loaded
+
+    parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=DESIGNED.min_tasks,
                         help="the task count to judge at [the design's min_tasks]")
     parser.add_argument("--draws", type=int, default=DRAWS)
     parser.add_argument("--centre", default="",
                         help="methods whose ΔNLL to also judge centred on zero, comma-separated")
     args = parser.parse_args(argv)
-    if (args.results is None) == (args.checkpoint is None):
-        parser.error("name a results file or --checkpoint, one of them")
-    if args.checkpoint:
-        from codekv.eval.markdown import from_checkpoint
-
-        data = from_checkpoint(args.checkpoint)
-    else:
-        with open(args.results) as handle:
-            data = json.load(handle)
+    data = loaded(parser, args)
     measures = [Measure.from_json(m) for m in data["measures"]]
     centre = tuple(name for name in args.centre.split(",") if name)
     print(f"Pass probability at {args.tasks} tasks, {args.draws} draws each\n")

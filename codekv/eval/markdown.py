@@ -7,8 +7,8 @@ checkpoint holds so far (result rows and comparisons; no gate verdicts).
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from codekv.eval import checkpoint
@@ -207,15 +207,44 @@ def from_checkpoint(path: str) -> dict:
             "measures": [m.as_json() for m in measures], "gate": []}
 
 
-def main(argv: list[str]) -> int:
-    if argv[1] == "--checkpoint":
-        try:
-            data = from_checkpoint(argv[2])
-        except checkpoint.CheckpointError as error:
-            print(f"codekv.eval.markdown: {error}", file=sys.stderr)
-            return 1
-    else:
-        data = json.loads(Path(argv[1]).read_text())
+def load(results: str | None, checkpoint_path: str | None) -> dict:
+    """A results file (``codekv eval --json``) or a checkpoint's finished tasks, shaped alike;
+    ``ValueError`` says why a file cannot be read as one."""
+    if checkpoint_path is not None:
+        return from_checkpoint(checkpoint_path)  # CheckpointError is a ValueError
+    try:
+        data = json.loads(Path(results).read_text())
+    except OSError as error:
+        raise ValueError(f"{results}: {error.strerror or error}") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{results}: not a results file (not JSON: {error})") from error
+    if not isinstance(data, dict) or not isinstance(data.get("measures"), list):
+        raise ValueError(f"{results}: not a results file (no list of measures)")
+    return data
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The two ways to name a run's measures: a results file, or ``--checkpoint``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("results", nargs="?", help="a `codekv eval --json` file")
+    parser.add_argument("--checkpoint", help="or an unfinished run's checkpoint (its tasks so far)")
+    return parser
+
+
+def loaded(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The run ``args`` name; a usage error (exit status 2) where they name none, both or a
+    file that is not one."""
+    if (args.results is None) == (args.checkpoint is None):
+        parser.error("name a results file or --checkpoint, one of them")
+    try:
+        return load(args.results, args.checkpoint)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(__doc__.splitlines()[0])
+    data = loaded(parser, parser.parse_args(argv))
     print(f"Command: `{data['command']}`\n")
     print(gate_table(data))
     print()
@@ -246,4 +275,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    raise SystemExit(main())
