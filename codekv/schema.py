@@ -75,6 +75,9 @@ class Workload:
     # Its tasks are code of a language each: the generator takes ``languages=`` (which ones
     # to draw; ``--language``) and records each task's ``language``.
     by_language: bool = False
+    # The generator takes ``workload=``: workloads that draw the same tasks, each measuring
+    # another source of reused KV, name their tasks after themselves.
+    named: bool = False
     # Where held-out tasks come from: other repositories (OTHER_REPOS) or another seed.
     held_out_by: str = OTHER_SEED
     # Where the KV its methods reuse comes from (one of SOURCES): a workload of the last
@@ -91,10 +94,10 @@ class Workload:
             raise ValueError(f"{self.name} needs an index of a repository")
         module, _, function = self.generator.partition(":")
         make = getattr(importlib.import_module(module), function)
-        if self.by_language:
-            return make(n, seed, context_tokens, count, index, max_query_tokens,
-                        languages=languages)
-        return make(n, seed, context_tokens, count, index, max_query_tokens)
+        options = {"languages": languages} if self.by_language else {}
+        if self.named:
+            options["workload"] = self.name
+        return make(n, seed, context_tokens, count, index, max_query_tokens, **options)
 
 
 WORKLOADS: dict[str, Workload] = {}
@@ -142,16 +145,14 @@ register(Workload("code-qa", "codekv.eval.workloads:code_qa_tasks", ChunkKind.CO
                   needs_index=True, held_out_by=OTHER_REPOS, by_language=True))
 register(Workload("rag", "codekv.eval.workloads:rag_tasks", ChunkKind.PASSAGE))
 register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", ChunkKind.TOOL_DOC))
-register(Workload("agent-session", "codekv.eval.sessions:agent_session_tasks", ChunkKind.CODE,
-                  needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
-                  source=LAST_PROMPT, by_default=False))
-register(Workload("agent-session-parts", "codekv.eval.sessions:agent_session_part_tasks",
-                  ChunkKind.CODE, needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
-                  source=LAST_PROMPT_PART, by_default=False))
-register(Workload("agent-session-text-parts",
-                  "codekv.eval.sessions:agent_session_text_part_tasks", ChunkKind.PASSAGE,
-                  needs_index=True, held_out_by=OTHER_REPOS, by_language=True,
-                  source=LAST_PROMPT_TEXT_PART, by_default=False))
-register(Workload("agent-session-runs", "codekv.eval.sessions:agent_session_run_tasks",
-                  ChunkKind.PASSAGE, needs_index=True, held_out_by=OTHER_REPOS,
-                  by_language=True, source=LAST_PROMPT_RUN, by_default=False))
+# The same agent sessions, each workload serving them reading another source of the last
+# prompt (``reads``): its whole segments; the unchanged parts of changed segments, code's and
+# text's; those of changed text alone (the system prompt after a new header, a summary that
+# grew); runs of the text between segments (a history's short messages, their framing).
+for name, kind, source in (("agent-session", ChunkKind.CODE, LAST_PROMPT),
+                           ("agent-session-parts", ChunkKind.CODE, LAST_PROMPT_PART),
+                           ("agent-session-text-parts", ChunkKind.PASSAGE, LAST_PROMPT_TEXT_PART),
+                           ("agent-session-runs", ChunkKind.PASSAGE, LAST_PROMPT_RUN)):
+    register(Workload(name, "codekv.eval.sessions:agent_session_tasks", kind, needs_index=True,
+                      held_out_by=OTHER_REPOS, by_language=True, named=True, source=source,
+                      by_default=False))

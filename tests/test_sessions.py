@@ -126,16 +126,17 @@ def test_the_parts_workload_serves_the_same_sessions_reading_changed_segments_pa
     from codekv.eval.methods import Method
     from codekv.eval.serving import Serving
     from codekv.models import load_backend
+    from codekv.schema import WORKLOADS
     from codekv.stores.local import LocalKVStore
 
-    def drawn(make):
-        return [(t.query, t.answer, [c.messages for c in t.calls])
-                for t in make(4, 0, 8192, approx_tokens, stdlib_files, 256)]
+    def drawn(workload):
+        tasks = WORKLOADS[workload].generate(4, 0, 8192, approx_tokens, stdlib_files, 256)
+        assert tasks and all(t.workload == workload and t.id.startswith(f"{workload}-0-")
+                             for t in tasks)
+        return [(t.query, t.answer, [c.messages for c in t.calls]) for t in tasks]
 
-    assert (drawn(sessions.agent_session_part_tasks)
-            == drawn(sessions.agent_session_text_part_tasks)
-            == drawn(sessions.agent_session_run_tasks)
-            == drawn(sessions.agent_session_tasks))
+    assert (drawn("agent-session-parts") == drawn("agent-session-text-parts")
+            == drawn("agent-session-runs") == drawn("agent-session"))
     backend = load_backend(str(tiny_model_dir))
     text = ("You edit code. Answer with SEARCH/REPLACE blocks of the files in the chat, and "
             "ask when a request is ambiguous.")

@@ -428,34 +428,6 @@ def agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
     return tasks
 
 
-def agent_session_part_tasks(n, seed, context_tokens, count, index, max_query_tokens,
-                             languages=None) -> list:
-    """The ``agent-session`` tasks (the same sessions for the same seed), as the evidence for
-    the unchanged parts of segments that changed since the last prompt (``agent-session-parts``):
-    a function edited, and the text's parts as well (the volatile header's system message, a
-    summary that grew)."""
-    return agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
-                               languages, workload="agent-session-parts")
-
-
-def agent_session_text_part_tasks(n, seed, context_tokens, count, index, max_query_tokens,
-                                  languages=None) -> list:
-    """The ``agent-session`` tasks again, as the evidence for the unchanged parts of a
-    message's text that changed (``agent-session-text-parts``): the system prompt after a new
-    header, a summary that grew; a piece of code that changed is computed whole."""
-    return agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
-                               languages, workload="agent-session-text-parts")
-
-
-def agent_session_run_tasks(n, seed, context_tokens, count, index, max_query_tokens,
-                            languages=None) -> list:
-    """The ``agent-session`` tasks again, as the evidence for the runs of the text between
-    segments taken from the last prompt (``agent-session-runs``): a history's short messages
-    and the framing around them, read with whole segments and text's parts."""
-    return agent_session_tasks(n, seed, context_tokens, count, index, max_query_tokens,
-                               languages, workload="agent-session-runs")
-
-
 def _python_files(index, count, context_tokens: int) -> dict[str, tuple[str, int]]:
     """The repository's Python files that parse and have functions, not tests, of at most
     half ``context_tokens``: path -> (text, tokens)."""
