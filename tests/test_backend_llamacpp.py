@@ -16,14 +16,13 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from fixtures.compose import B2, PREFIX, QUERY, A, B, C
+from fixtures.compose import B2, PREFIX, QUERY, QUERY_RULES, A, B, C
 from fixtures.evidence import covering
 from fixtures.llamacpp import SAME_BATCHES, check_all, kl, max_diff
 from fixtures.needs import gguf, missing, require
 
 from codekv.compose import COMPOSED, FULL_PREFILL, Composer, Passage
 from codekv.gate import SupportGate
-from codekv.selection import STRATEGIES
 from codekv.serve import chat
 from codekv.stores.local import LocalKVStore
 
@@ -111,8 +110,7 @@ def test_a_shifted_chunk_state_equals_the_chunk_decoded_at_its_positions(smollm_
         backend.recompute(a + x, [parts[0], unshifted], [], query)
 
 
-@pytest.mark.parametrize("strategy", sorted(name for name, rule in STRATEGIES.items()
-                                      if rule.needs_relevance))
+@pytest.mark.parametrize("strategy", QUERY_RULES)
 def test_query_rules_recomputing_everything_are_exact_within_the_floor(tiny_llama, tmp_path,
                                                                        strategy):
     """The query probe runs in a context of its own: the request built after it is what

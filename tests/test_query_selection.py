@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures.compose import composed_context, token_ids
+from fixtures.compose import QUERY_RULES, composed_context, token_ids
 from fixtures.models import TINY_FAMILIES
 from transformers import DynamicCache
 
-from codekv.selection import STRATEGIES, Segment, SelectionContext, TokenAnchor, strategy
+from codekv.selection import Segment, SelectionContext, TokenAnchor, strategy
 from codekv.selection.query import (
     QueryAnchorSelection,
     QueryCostSelection,
@@ -16,8 +16,6 @@ from codekv.selection.query import (
     QueryNextSelection,
     QuerySelection,
 )
-
-QUERY_RULES = sorted(name for name, rule in STRATEGIES.items() if rule.needs_relevance)
 
 
 def eager_attention(backend, context, query: list[int]) -> list[torch.Tensor]:
