@@ -528,6 +528,8 @@ def _covers_shown(covers: dict | None) -> tuple[str, str, str]:
 def _rule_shown(pair: dict) -> str:
     if pair["problems"]:
         return "[red]invalid entry[/red]"
+    if pair["method"] and (pair["held_out"] or {}).get("passed") is False:
+        return f"{escape(pair['method'])}, [red]failed held out[/red]"
     return escape(pair["method"] or (f"closest {pair['closest']}" if pair["closest"] else "-"))
 
 

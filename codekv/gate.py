@@ -456,12 +456,15 @@ def _runs_shown(listed: Listed) -> tuple[dict, dict | None]:
         runs = [{"command": run.get("generated_by"), "created": run.get("created"),
                  "covers": run.get("covers"), "measured": run.get("measured") or {}}
                 for run in (fields, held_out)]
+        passed = held_out.get("passed")
+        runs[1]["passed"] = passed if isinstance(passed, bool) else None
         return runs[0], runs[1] if held_out else None
     entry = listed.entry
     held_out = entry.held_out
     runs = [{"command": run.generated_by, "created": run.created,
              "covers": run.covers.model_dump(exclude_unset=True) if run.covers else None,
              "measured": run.measured or {}} for run in (entry, held_out or entry)]
+    runs[1]["passed"] = held_out.passed if held_out else None  # None: not said
     return runs[0], (runs[1] if held_out and held_out.model_dump(exclude_unset=True)
                      else None)
 

@@ -504,16 +504,19 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
          "design": DESIGN},
         {"backend": "llama.cpp", "family": "llama", "workload": "tool-docs", "passed": False,
          "method": None, "closest": "boundary@0.15"},
+        {"family": "llama", "workload": "agent-session", "passed": True, "method": "none",
+         "design": DESIGN, "held_out": {"passed": False, "closest": "none"}},
     ]
     path = tmp_path / "support.json"
     path.write_text(json.dumps({"format": 1, "entries": entries}))
     data = json.loads(cli("support", "--file", path, "--json").stdout)
     assert data["source"] == str(path)
-    code, rag, docs = data["pairs"]
+    code, rag, docs, session = data["pairs"]
     assert (code["supported"], code["method"], code["reason"]) == (True, "query@0.15", "meets all")
     assert code["evidence"]["command"] == "codekv eval --tasks 100" and code["design"] == DESIGN
     assert code["source"] == rag["source"] == "store"  # chunks computed alone, not a last prompt
-    assert code["held_out"]["command"] == "codekv eval --repo x"
+    assert code["held_out"]["command"] == "codekv eval --repo x" and code["held_out"]["passed"]
+    assert session["held_out"]["passed"] is False and not session["supported"]
     assert rag["supported"] is False and rag["held_out"] is None
     assert rag["reason"] == ("unsupported: llama/rag passed its evaluation but was not confirmed "
                              "on held-out tasks")
@@ -533,6 +536,9 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
         " ".join(text.split()))
     assert "llama/tool-docs on llama.cpp: unsupported: llama/tool-docs on llama.cpp failed" in text
     assert "closest boundary@0.15" in text
+    # Passed its evidence, refused held out: the rule is named with the refusal.
+    assert "│ llama/agent-session │ support.json │ full prefill │ none, failed held out │" in (
+        " ".join(text.split()))
     # The shipped file by default; a broken file is a clear error.
     assert "codekv/data/support.json" in cli("support").stdout
     path.write_text("{")
