@@ -482,8 +482,8 @@ def test_the_shipped_negatives_per_language_are_what_their_runs_measured(languag
 def test_the_shipped_4k_entry_is_the_calibrated_run_s_negative():
     """Code QA at 4K contexts, re-run under the calibrated design (session 28; the first
     design's negative is gone): no rule passed, so Python requests of 2,043 to 3,979 tokens
-    (its longest task) fall back, naming the figures that failed; up to 2,042 (the longest
-    task of both 2K runs) the 2K entry refuses them with its own."""
+    (its longest task) fall back, naming the figures that failed; up to 2,042 (the shorter of
+    the 2K runs' longest tasks) the 2K entry refuses them with its own."""
     gate = SupportGate.load()
     _, long, _ = _shipped_python(gate)
     assert long["covers"]["context_tokens"] == {"min": 1877, "max": 3979}
