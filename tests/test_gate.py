@@ -826,3 +826,20 @@ def test_the_shipped_runs_entry_licenses_the_default_model_up_to_4k():
     assert not gate.verdict("llama", "agent-session-runs", request=_asked(tokens=4100)).allowed
     assert not gate.verdict("llama", "agent-session-runs",
                             request=_asked(fingerprint="0" * 32, tokens=4000)).allowed
+
+
+def test_the_shipped_text_parts_entries_license_the_default_model_up_to_8k():
+    """Text's parts (sessions 22 and 24-32: 4K and 8K bands, each confirmed held out): the
+    8K band licenses the default model's Python prompts past the 4K band's reach, up to the
+    length both of its runs measured, not past it and not for another model."""
+    gate = SupportGate.load()
+    pairs = [pair for pair in gate.pairs() if pair["workload"] == "agent-session-text-parts"]
+    assert len(pairs) == 2 and all(pair["supported"] and pair["method"] == "none"
+                                   and pair["design"] == "calibrated-1" for pair in pairs)
+    for tokens in (4000, 4100, 7639):
+        verdict = gate.verdict("llama", "agent-session-text-parts", request=_asked(tokens=tokens))
+        assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("none", 0.0), tokens
+    assert not gate.verdict("llama", "agent-session-text-parts",
+                            request=_asked(tokens=7640)).allowed
+    assert not gate.verdict("llama", "agent-session-text-parts",
+                            request=_asked(fingerprint="0" * 32, tokens=6000)).allowed

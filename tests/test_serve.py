@@ -583,10 +583,11 @@ def default_model_server(tmp_path_factory, *args: str) -> ServeProcess:
 def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_path_factory,
                                                                         model_cache, band,
                                                                         files):
-    """No --experimental: the shipped agent-session entries (4K and 8K bands) license the
-    default model's segments taken from the scope's last prompt (Python, up to their covered
-    length), with the rule each passed; the chunk store's classes stay unlicensed, so nothing
-    is stored."""
+    """No --experimental: the shipped agent-session and text-parts entries (4K and 8K bands)
+    license the default model's segments taken from the scope's last prompt and the unchanged
+    text of the system message after its changed header (Python, up to their covered length),
+    with the rule each passed; the chunk store's classes stay unlicensed, so nothing is
+    stored."""
     from codekv.eval.sessions import aider_session
     from codekv.gate import SupportGate
     from codekv.stdlib_repo import stdlib_dir
@@ -603,6 +604,7 @@ def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_pat
         assert status == report["status"] == "composed", report["fallback_reason"]
         assert report["segments_from_last_prompt"] > 0 and report["reused_tokens"] > 0
         assert report["exact_prefix_tokens"] < 20  # the header changed in its first line
+        assert report["parts_from_last_prompt"] > 0  # the system message after the header
         assert report["strategy"] == entry["strategy"] == "none"
         assert report["segments_stored"] == 0
         assert_accounted(report, usage)
