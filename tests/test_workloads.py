@@ -210,3 +210,50 @@ def test_tool_docs_are_deterministic_and_ask_for_a_real_option():
         [passage] = [p for p in task.context if p.name == task.source]
         assert passage.kind == "tool-doc" and option in passage.text
         assert f"`{task.source}`" in task.query
+
+
+# A declaration file TypeScript's grammar cannot parse (its root an ERROR node, as with many
+# .d.ts files in npm packages): recovery makes a function node with no name out of a type.
+UNPARSED_DTS = """export declare const apply: <A>(
+  a: A
+) => <E, B>(fab: import('./k').Kind<'Pair', E, (a: A) => B>) => import('./k').Kind<'Pair', E, B>
+/**
+ * @since 1.0.0
+ */
+export declare const Functor: Functor2<URI>
+/**
+ * @since 1.0.0
+ */
+export declare const Bifunctor: Bifunctor2<URI>
+/**
+ * @since 1.0.0
+ */
+export declare const FromValue: FromValue2<URI>
+/**
+ * @since 1.0.0
+ */
+export declare const fromMaybe: <E>(onNone: Lazy<E>) => <A>(fa: Maybe<A>) => Pair<E, A>
+/**
+ * @since 1.0.0
+ */
+export declare const fromMaybeK: <E>(
+  onNone: Lazy<E>
+) => <A extends ReadonlyArray<unknown>, B>(f: (...a: A) => Maybe<B>) => (...a: A) => Pair<E, B>
+/**
+ * @since 1.0.0
+ */
+export declare const fromCheck: {
+  <A, B extends A, E>(refinement: Refinement<A, B>, onFalse: (a: A) => E): (a: A) => Pair<E, B>
+"""
+
+
+def test_a_function_without_a_name_gets_no_question_that_names_it(git_repo):
+    """Recall and completion place a function by its file and line; a definition question
+    names it, so a nameless one (an unparsed file's) is left out of those."""
+    index = indexed(git_repo, {"types.d.ts": UNPARSED_DTS, **HAND_BY_LANGUAGE["typescript"]})
+    source = workloads.CodeSource(index, workloads.approx_tokens)
+    assert any(c.kind == "function" and c.qualname is None and c.anchors for c in source.chunks)
+    for shares in ((1.0, 0.0), (0.0, 1.0), (0.0, 0.0)):
+        tasks = workloads.code_qa(index, 12, seed=0, context_tokens=600, shares=shares)
+        assert {t.meta["language"] for t in tasks} == {"typescript"}
+        assert all("::" in t.source for t in tasks if t.kind in ("returns", "calls"))

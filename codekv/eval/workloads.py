@@ -188,8 +188,8 @@ def code_qa(index, n: int, seed: int, context_tokens: int, count: Counter = appr
     source = CodeSource(index, count, languages)
     functions = [c for c in source.chunks if c.kind in FUNCTION_KINDS and c.part == 0]
     kinds = {_recall_task: list(functions),
-             _definition_task: [c for c in functions
-                                if any(a.kind in ("return", "call") for a in c.anchors)],
+             _definition_task: [c for c in functions if c.qualname  # its question names it
+                                and any(a.kind in ("return", "call") for a in c.anchors)],
              _completion_task: [c for c in functions if source.uses(c)]}
     for pool in kinds.values():
         rng.shuffle(pool)
