@@ -212,8 +212,8 @@ def test_tool_docs_are_deterministic_and_ask_for_a_real_option():
         assert f"`{task.source}`" in task.query
 
 
-# A declaration file TypeScript's grammar cannot parse (its root an ERROR node, as with many
-# .d.ts files in npm packages): recovery makes a function node with no name out of a type.
+# A declaration file TypeScript's grammar cannot parse (its root an ERROR node, as fp-ts's
+# .d.ts files): recovery makes a function node with no name out of a type.
 UNPARSED_DTS = """export declare const apply: <A>(
   a: A
 ) => <E, B>(fab: import('./k').Kind<'Pair', E, (a: A) => B>) => import('./k').Kind<'Pair', E, B>
@@ -249,7 +249,7 @@ export declare const fromCheck: {
 
 def test_a_function_without_a_name_gets_no_question_that_names_it(git_repo):
     """Recall and completion place a function by its file and line; a definition question
-    names it, so a nameless one (an unparsed file's) is left out of those."""
+    names it, so a nameless one (an unparsed file's) gets none."""
     index = indexed(git_repo, {"types.d.ts": UNPARSED_DTS, **HAND_BY_LANGUAGE["typescript"]})
     source = workloads.CodeSource(index, workloads.approx_tokens)
     assert any(c.kind == "function" and c.qualname is None and c.anchors for c in source.chunks)
