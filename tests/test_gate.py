@@ -812,34 +812,19 @@ def test_the_shipped_gemma3_agent_session_entry_licenses_its_gguf_on_llama_cpp()
                             request=_asked(fingerprint=fingerprint, tokens=longest + 1)).allowed
 
 
-def test_the_shipped_runs_entry_licenses_the_default_model_up_to_4k():
-    """Runs of the text between segments (session 27: evidence on stdlib + rich, held out on
-    filelock + prometheus_client, 4K): licensed for the default model's Python prompts up to
-    the length both runs measured, not past it and not for another model."""
+@pytest.mark.parametrize("workload", ["agent-session-text-parts", "agent-session-runs"])
+def test_the_shipped_parts_and_runs_entries_license_the_default_model_up_to_8k(workload):
+    """Text's parts and runs of the text between segments (sessions 22-32: a 4K and an 8K
+    band each, each confirmed held out): licensed for the default model's Python prompts up
+    to the length both runs of the 8K band measured, not past it and not for another model."""
     gate = SupportGate.load()
-    [pair] = [pair for pair in gate.pairs() if pair["workload"] == "agent-session-runs"]
-    assert (pair["family"], pair["engine"], pair["design"]) == ("llama", "transformers",
-                                                                 "calibrated-1")
-    assert pair["supported"] and pair["method"] == "none"
-    verdict = gate.verdict("llama", "agent-session-runs", request=_asked(tokens=4000))
-    assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("none", 0.0)
-    assert not gate.verdict("llama", "agent-session-runs", request=_asked(tokens=4100)).allowed
-    assert not gate.verdict("llama", "agent-session-runs",
-                            request=_asked(fingerprint="0" * 32, tokens=4000)).allowed
-
-
-def test_the_shipped_text_parts_entries_license_the_default_model_up_to_8k():
-    """Text's parts (sessions 22 and 24-32: 4K and 8K bands, each confirmed held out): the
-    8K band licenses the default model's Python prompts past the 4K band's reach, up to the
-    length both of its runs measured, not past it and not for another model."""
-    gate = SupportGate.load()
-    pairs = [pair for pair in gate.pairs() if pair["workload"] == "agent-session-text-parts"]
-    assert len(pairs) == 2 and all(pair["supported"] and pair["method"] == "none"
-                                   and pair["design"] == "calibrated-1" for pair in pairs)
-    for tokens in (4000, 4100, 7639):
-        verdict = gate.verdict("llama", "agent-session-text-parts", request=_asked(tokens=tokens))
+    pairs = [pair for pair in gate.pairs() if pair["workload"] == workload]
+    assert len(pairs) == 2 and all(
+        pair["supported"] and pair["method"] == "none" and pair["design"] == "calibrated-1"
+        and (pair["family"], pair["engine"]) == ("llama", "transformers") for pair in pairs)
+    for tokens in (4000, 4100, 7639):  # the 4K band's, then past it: the 8K band's
+        verdict = gate.verdict("llama", workload, request=_asked(tokens=tokens))
         assert verdict.allowed and (verdict.strategy, verdict.ratio) == ("none", 0.0), tokens
-    assert not gate.verdict("llama", "agent-session-text-parts",
-                            request=_asked(tokens=7640)).allowed
-    assert not gate.verdict("llama", "agent-session-text-parts",
+    assert not gate.verdict("llama", workload, request=_asked(tokens=7640)).allowed
+    assert not gate.verdict("llama", workload,
                             request=_asked(fingerprint="0" * 32, tokens=6000)).allowed
