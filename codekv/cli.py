@@ -463,14 +463,14 @@ def support(path, as_json):
         click.echo(json.dumps(_finite({"source": gate.source, "pairs": pairs}), allow_nan=False))
         return
     table = Table(title=f"support gate ({escape(gate.source)})")
-    for name in ("pair", "file", "requests", "rule", "model", "languages", "contexts",
-                 "ΔNLL evidence", "ΔNLL held out"):
+    for name in ("pair", "file", "requests", "rule", "design", "model", "languages",
+                 "contexts", "ΔNLL evidence", "ΔNLL held out"):
         table.add_column(name, no_wrap=True)
     for pair in pairs:
         held_out = pair["held_out"] or {"measured": {}}
         table.add_row(escape(pair["pair"]), _file_shown(pair),
                       _requests_shown(pair),
-                      _rule_shown(pair), *_covers_shown(pair["covers"]),
+                      _rule_shown(pair), _design_shown(pair), *_covers_shown(pair["covers"]),
                       *(ci(m.get("delta_nll"), m.get("delta_nll_ci"), "+.3f")
                         if not pair["problems"] else "-"
                         for m in (pair["evidence"]["measured"], held_out["measured"])))
@@ -531,6 +531,16 @@ def _rule_shown(pair: dict) -> str:
     if pair["method"] and (pair["held_out"] or {}).get("passed") is False:
         return f"{escape(pair['method'])}, [red]failed held out[/red]"
     return escape(pair["method"] or (f"closest {pair['closest']}" if pair["closest"] else "-"))
+
+
+def _design_shown(pair: dict) -> str:
+    """The gate design an entry was judged under: one of an earlier design licenses nothing."""
+    from codekv.support_schema import DESIGN
+
+    if pair["problems"]:
+        return "-"
+    design = pair["design"]
+    return escape(design) if design == DESIGN else f"[red]{escape(design or 'first')}[/red]"
 
 
 def _register_eval() -> None:

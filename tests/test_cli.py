@@ -529,15 +529,19 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
     text = cli("support", "--file", path).stdout
     assert "-0.004 [-0.044, +0.036]" in text and "+0.010 [-0.020, +0.040]" in text
     row = " ".join(text.split("llama/code-qa")[1].split("\n")[0].split())
-    assert row.startswith("│ support.json │ composed │ query@0.15 │ a test model │ go, python │ "
-                          "up to 4,096 │")
+    assert row.startswith(f"│ support.json │ composed │ query@0.15 │ {DESIGN} │ a test model │ "
+                          "go, python │ up to 4,096 │")
     assert f"covers a test model (fingerprint {TEST_MODEL})" in text
-    assert "│ llama/rag │ support.json │ full prefill │ query@0.25 │ not said │ - │ - │" in (
-        " ".join(text.split()))
+    words = " ".join(text.split())
+    assert (f"│ llama/rag │ support.json │ full prefill │ query@0.25 │ {DESIGN} │ not said │ - │ "
+            "- │") in words
+    # An entry of the first design (it names none) says so: it licenses nothing.
+    assert "│ full prefill │ closest boundary@0.15 │ first │" in words
     assert "llama/tool-docs on llama.cpp: unsupported: llama/tool-docs on llama.cpp failed" in text
     assert "closest boundary@0.15" in text
     # Passed its evidence, refused held out: the rule is named with the refusal.
-    assert "│ llama/agent-session │ support.json │ full prefill │ none, failed held out │" in (
+    assert (f"│ llama/agent-session │ support.json │ full prefill │ none, failed held out │ "
+            f"{DESIGN} │") in (
         " ".join(text.split()))
     # The shipped file by default; a broken file is a clear error.
     assert "codekv/data/support.json" in cli("support").stdout
@@ -575,7 +579,8 @@ def test_support_shows_an_invalid_entry_and_why(tmp_path, monkeypatch):
     assert pair["evidence"]["measured"]["kl"] is None
     text = " ".join(cli("support").stdout.split())
     assert "query@0.25" not in text.split("llama/rag")[0]  # the rule column says why instead
-    assert "│ llama/code-qa on llama.cpp │ support.json │ full prefill │ invalid entry │" in text
+    assert ("│ llama/code-qa on llama.cpp │ support.json │ full prefill │ invalid entry │ - │"
+            in text)
     assert (f"llama/code-qa on llama.cpp: unsupported: the entry for llama/code-qa on llama.cpp "
             f"in {path} is invalid: strategy 'deviation' needs") in text
 
