@@ -540,7 +540,7 @@ def _design_shown(pair: dict) -> str:
     if pair["problems"]:
         return "-"
     design = pair["design"]
-    return escape(design) if design == DESIGN else f"[red]{escape(design or 'first')}[/red]"
+    return escape(design) if design == DESIGN else f"[red]{escape(design)}[/red]"
 
 
 def _register_eval() -> None:

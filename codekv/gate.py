@@ -40,6 +40,7 @@ from codekv.schema import GATE_STRATEGIES, WORKLOADS, rule_label
 from codekv.selection import STRATEGIES as SELECTION
 from codekv.support_schema import (
     DESIGN,
+    FIRST_DESIGN,
     KEYS,
     CoveredModel,
     Covers,
@@ -349,7 +350,8 @@ class SupportGate:
                 # what composes, or what passed its evidence; an invalid entry names nothing
                 "method": entry.method if entry else None,
                 "closest": entry.closest if entry else None,  # of a failed one
-                "design": entry.design if entry else None,  # the gate design it was judged under
+                # the gate design it was judged under
+                "design": (entry.design or FIRST_DESIGN) if entry else None,
                 # what it licenses: what its evidence and held-out runs both measured (the
                 # evidence's alone before a confirmation); None where the entry does not say
                 "covers": covered.as_json() if covered else None,

@@ -44,6 +44,7 @@ from codekv.conditioning import CONDITIONINGS
 # from measured variances before any run was judged under it. An entry judged under another
 # design (or before designs were named) licenses nothing.
 DESIGN = "calibrated-1"
+FIRST_DESIGN = "first"  # how an entry that names no design is shown: judged before designs
 MIN_TASKS = 200  # its task count: fewer tasks are not evidence (ΔNLL's power needs them)
 # What a run draws to reach it and 80 solved tasks (full prefill solved 42% of code-qa tasks)
 RUN_TASKS = 300
@@ -207,7 +208,7 @@ class SupportEntry(_Block):
     trial: _described(list[StrictStr] | None, "is not a list of texts") = None
     measured: Measured = None
     candidates: Candidates = None
-    # the gate design it was judged under (``codekv.eval.support.DESIGN``; none: before designs)
+    # the gate design it was judged under (``DESIGN``; none: before designs, ``FIRST_DESIGN``)
     design: Text = None
     thresholds: Any = None  # what it was held to (``codekv.eval.support.Thresholds``)
     qualified_by: Text = None

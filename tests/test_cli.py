@@ -520,7 +520,7 @@ def test_support_shows_where_composition_runs(tmp_path, monkeypatch):
     assert rag["supported"] is False and rag["held_out"] is None
     assert rag["reason"] == ("unsupported: llama/rag passed its evaluation but was not confirmed "
                              "on held-out tasks")
-    assert (docs["engine"], docs["supported"]) == ("llama.cpp", False)
+    assert (docs["engine"], docs["supported"], docs["design"]) == ("llama.cpp", False, "first")
     assert code["covers"] == {"models": [{"fingerprint": TEST_MODEL, "name": "a test model"}],
                               "languages": ["go", "python"],
                               "context_tokens": {"min": None, "max": 4096}}
