@@ -490,10 +490,11 @@ def test_the_shipped_entries_per_language_are_what_their_runs_measured(language,
 
 
 def test_the_shipped_4k_entry_is_the_calibrated_run_s_negative():
-    """Code QA at 4K contexts, re-run under the calibrated design (session 28; the first
-    design's negative is gone): no rule passed, so Python requests of 2,009 to 3,979 tokens
-    (its longest task) fall back, naming the figures that failed; up to 2,008 (the shorter of
-    the 2K runs' longest tasks) the 2K entry licenses them."""
+    """Code QA at 4K contexts under the calibrated design, its latest run (``query-deep@0.35``,
+    session 34, on the tasks of session 28's ``query@0.25`` run): no rule passed, so Python
+    requests of 2,009 to 3,979 tokens (its longest task) fall back, naming the figures that
+    failed; up to 2,008 (the shorter of the 2K runs' longest tasks) the 2K entry licenses
+    them."""
     gate = SupportGate.load()
     _, long, _ = _shipped_python(gate)
     assert long["covers"]["context_tokens"] == {"min": 1877, "max": 3979}
@@ -502,8 +503,8 @@ def test_the_shipped_4k_entry_is_the_calibrated_run_s_negative():
     assert _licensed_2k(gate, tokens=2008)
     for tokens in (2009, 3979):
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
-            "unsupported: llama/code-qa failed its evaluation (query@0.25: delta NLL CI high "
-            "0.062 > 0.05; retention CI low 0.788 < 0.85)")
+            "unsupported: llama/code-qa failed its evaluation (query-deep@0.35: retention CI "
+            "low 0.817 < 0.85; speedup 1.9996x < 2.0x)")
 
 
 def test_the_shipped_8k_entry_refuses_longer_python_requests_with_its_figures():
@@ -515,7 +516,7 @@ def test_the_shipped_8k_entry_refuses_longer_python_requests_with_its_figures():
     *_, longest = _shipped_python(gate)
     assert longest["covers"]["context_tokens"] == {"min": 3682, "max": 7584}
     assert [m["fingerprint"] for m in longest["covers"]["models"]] == [SMOLLM]
-    assert "delta NLL" in gate.verdict("llama", "code-qa", request=_asked(tokens=3979)).reason
+    assert "retention" in gate.verdict("llama", "code-qa", request=_asked(tokens=3979)).reason
     for tokens in (3980, 7584, 8192):
         assert gate.verdict("llama", "code-qa", request=_asked(tokens=tokens)).reason == (
             "unsupported: llama/code-qa failed its evaluation (query@0.25: score drop CI high "

@@ -54,6 +54,10 @@ def test_thresholds_each_fail_a_row():
     assert failures(fake_row("hybrid@0.15", agreement=0.949), t) == [
         "decisive agreement 0.949 < 0.95"]
     assert failures(fake_row("hybrid@0.15", speedup=1.99), t) == ["speedup 1.99x < 2.0x"]
+    # a miss that rounds to the bound is shown with the digits that make it one
+    assert failures(fake_row("hybrid@0.15", speedup=1.9996), t) == ["speedup 1.9996x < 2.0x"]
+    assert failures(fake_row("hybrid@0.15", agreement=0.9499), t) == [
+        "decisive agreement 0.9499 < 0.95"]
     assert failures(fake_row("hybrid@0.15", tasks=199), t) == ["only 199 tasks (need 200)"]
     assert failures(fake_row("hybrid@0.15", fallbacks=1), t) == [
         "1 requests fell back to full prefill"]

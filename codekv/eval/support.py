@@ -78,9 +78,18 @@ def _low(interval) -> float:
     return interval[0] if interval else -math.inf
 
 
+def _past(value: float, bound: float, digits: int) -> str:
+    """``value`` to ``digits`` decimals, or more where rounding would show it equal to the
+    ``bound`` it misses (a speedup of 1.9996x is not "2.00x < 2.0x")."""
+    while digits < 6 and math.isfinite(value) and round(value, digits) == bound:
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def _delta_nll(row, t: Thresholds) -> str | None:
-    if _high(row.delta_nll_ci) > t.max_delta_nll_high:
-        return f"delta NLL CI high {_high(row.delta_nll_ci):.3f} > {t.max_delta_nll_high}"
+    high = _high(row.delta_nll_ci)
+    if high > t.max_delta_nll_high:
+        return f"delta NLL CI high {_past(high, t.max_delta_nll_high, 3)} > {t.max_delta_nll_high}"
     return None
 
 
@@ -88,22 +97,23 @@ def _retention(row, t: Thresholds) -> str | None:
     solved = row.solved or 0
     if solved < t.min_solved:
         return f"full prefill solves {solved} tasks (need {t.min_solved})"
-    if solved and _low(row.retention_ci) < t.min_retention_low:
-        return f"retention CI low {_low(row.retention_ci):.3f} < {t.min_retention_low}"
+    low = _low(row.retention_ci)
+    if solved and low < t.min_retention_low:
+        return f"retention CI low {_past(low, t.min_retention_low, 3)} < {t.min_retention_low}"
     return None
 
 
 def _decisive_agreement(row, t: Thresholds) -> str | None:
     decisive = row.decisive_agreement
     if decisive is None or decisive < t.min_decisive_agreement:
-        shown = "n/a" if decisive is None else f"{decisive:.3f}"
+        shown = "n/a" if decisive is None else _past(decisive, t.min_decisive_agreement, 3)
         return f"decisive agreement {shown} < {t.min_decisive_agreement}"
     return None
 
 
 def _speedup(row, t: Thresholds) -> str | None:
     if row.speedup is None or row.speedup < t.min_speedup:
-        speedup = "n/a" if row.speedup is None else f"{row.speedup:.2f}x"
+        speedup = "n/a" if row.speedup is None else f"{_past(row.speedup, t.min_speedup, 2)}x"
         return f"speedup {speedup} < {t.min_speedup}x"
     return None
 
