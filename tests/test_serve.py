@@ -669,7 +669,8 @@ def test_the_shipped_gate_composes_a_stored_python_file(tmp_path_factory, model_
     from codekv.gate import SupportGate
 
     [entry] = [e for e in SupportGate.load().entries if e["workload"] == "code-qa"
-               and e.get("design") == "calibrated-1" and e.get("backend") == "transformers"
+               and e["family"] == "llama" and e.get("design") == "calibrated-1"
+               and e.get("backend") == "transformers"
                and e["covers"]["languages"] == ["python"] and e["passed"]]
     server = default_model_server(tmp_path_factory)
     try:
