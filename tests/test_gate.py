@@ -562,6 +562,40 @@ def test_the_shipped_gemma3_entry_is_the_negative_its_run_measured():
     assert _licensed_2k(gate)
 
 
+GEMMA3_HF = "c7ab67b37f24e87574321c9c1e616899"  # Gemma 3 270M on transformers
+
+
+def test_the_shipped_gemma3_transformers_entry_licenses_query_at_25_percent():
+    """Gemma 3 270M on transformers, code QA at 2K under the calibrated design (sessions
+    33-35): ``query@0.25`` passed its evidence and was confirmed held out (peft + pyparsing), so
+    Gemma's Python requests compose with it up to what both runs measured, on this engine
+    alone; the llama.cpp GGUF keeps its own entry, and SmolLM2's rule is not Gemma's."""
+    gate = SupportGate.load()
+    [gemma] = [pair for pair in gate.pairs()
+               if pair["family"] == "gemma3_text" and pair["workload"] == "code-qa"]
+    assert (gemma["engine"], gemma["design"], gemma["method"]) == (
+        "transformers", "calibrated-1", "query@0.25")
+    assert [m["fingerprint"] for m in gemma["covers"]["models"]] == [GEMMA3_HF]
+    assert gemma["covers"]["languages"] == ["python"]
+    # the held-out run's longest task (2,033 tokens) is shorter than the evidence run's (2,052)
+    assert gemma["covers"]["context_tokens"] == {"min": 966, "max": 2033}
+    longest = 2033
+
+    def verdict(tokens=1500, languages=("python",), engine="transformers"):
+        return gate.verdict("gemma3_text", "code-qa", engine,
+                            request=_asked(fingerprint=GEMMA3_HF, tokens=tokens,
+                                           languages=languages))
+
+    for tokens in (1500, longest):
+        assert (verdict(tokens).strategy, verdict(tokens).ratio) == ("query", 0.25)
+    assert not verdict(longest + 1).allowed
+    assert not verdict(languages=("go",)).allowed
+    assert not verdict(engine="llama.cpp").allowed
+    assert not gate.verdict("gemma3_text", "code-qa",
+                            request=_asked(fingerprint=SMOLLM)).allowed
+    assert _licensed_2k(gate)
+
+
 def test_a_fifo_a_device_or_a_huge_file_is_refused_without_hanging(tmp_path, monkeypatch):
     import codekv.gate
 
