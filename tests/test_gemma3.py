@@ -188,3 +188,38 @@ def test_smollm2_evidence_does_not_license_gemma3(gemma3_hf, gemma3_llama, tmp_p
     assert "evidence is for SmolLM2-135M-Instruct" in verdict.reason
     assert f"another gemma3_text model (fingerprint {gemma3_hf.info.fingerprint[:12]})" \
         in verdict.reason
+
+
+def test_the_shipped_gate_composes_python_code_with_gemma3_s_own_rule(gemma3_hf, git_repo,
+                                                                      tmp_path):
+    """Gemma 3's own code-QA entry on transformers (``query@0.25``, confirmed held out)
+    licenses its Python chunks from the store without ``--experimental``: the request is
+    composed with that rule, not SmolLM2's, and its next-token distribution stays near full
+    prefill's, far nearer than with nothing recomputed."""
+    from codekv.compose import Composer
+    from codekv.divergence import logits_kl
+    from codekv.index import Index
+    from codekv.stores.local import LocalKVStore
+
+    git_repo.commit({"shlex.py": (stdlib_dir() / "shlex.py").read_bytes()})
+    index = Index(git_repo.root)
+    index.update()
+    composer = Composer(gemma3_hf, index, store=LocalKVStore(tmp_path / "kv"),
+                        gate=SupportGate.load())
+    chunks = ["shlex.py::split", "shlex.py::quote", "shlex.py::shlex.read_token"]
+    query = "# Question: which function above splits a string like a shell?\n# Answer:"
+    composer.compose(chunks, query)  # stores each chunk's KV
+    result = composer.compose(chunks[::-1], query)
+    assert result.status == COMPOSED, result.report.fallback_reason
+    assert (result.report.strategy, result.report.ratio) == ("query", 0.25)
+    assert result.report.context_tokens > WINDOW  # past the sliding window
+    full = composer.full_prefill(chunks[::-1], query)
+    assert result.token_ids == full.token_ids
+    kl = logits_kl(full.next_token_logits(), result.next_token_logits())
+    # the control: the same chunks reused with nothing recomputed (measured 0.029 against
+    # the rule's 0.00003)
+    bare = Composer(gemma3_hf, index, store=LocalKVStore(tmp_path / "kv"), experimental=True)
+    none = bare.compose(chunks[::-1], query, strategy="none")
+    assert none.status == COMPOSED
+    assert kl <= 0.003 and 10 * kl <= logits_kl(full.next_token_logits(),
+                                                 none.next_token_logits())
