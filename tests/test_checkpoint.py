@@ -1,4 +1,5 @@
-"""An interrupted evaluation resumes from its checkpoint, and never mixes configurations."""
+"""An interrupted evaluation resumes from its checkpoint, and never mixes configurations or
+tasks."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from codekv.stores.local import LocalKVStore
 CONFIG = {"tasks": 2, "ratios": [0.15], "seed": 0}
 
 
-def tasks() -> list[workloads.Task]:
+def tasks(n: int = 2, answer: str = " w, h)") -> list[workloads.Task]:
     a = Passage("def area(w, h):\n    return w * h\n", "a")
     b = Passage("the quick brown fox jumps over the lazy dog", "b")
-    return [workloads.Task("rag", f"t{i}", "quote", [a, b][::1 - 2 * i], "def area(", " w, h)",
-                           "a") for i in range(2)]
+    return [workloads.Task("rag", f"t{i}", "quote", [a, b][::1 - 2 * (i % 2)], "def area(",
+                           answer, "a") for i in range(n)]
+
+
+def save(checkpoint: Checkpoint):
+    return lambda task, done: checkpoint.add(task.id, done, task.digest())
 
 
 def test_a_resumed_run_measures_only_the_missing_tasks(tiny_backend, tmp_path):
@@ -30,10 +35,9 @@ def test_a_resumed_run_measures_only_the_missing_tasks(tiny_backend, tmp_path):
     path = tmp_path / "run.jsonl"
     first = Checkpoint(path, CONFIG)
     # Interrupted after the first task: only its line made it to disk.
-    measured = runner.run(lambda task: composer, tasks()[:1], runners,
-                          on_task=lambda task, done: first.add(task.id, done))
+    measured = runner.run(lambda task: composer, tasks()[:1], runners, on_task=save(first))
     resumed = Checkpoint(path, CONFIG)
-    assert list(resumed.done) == ["t0"]
+    assert list(resumed.resume(tasks())) == ["t0"]
 
     asked = []
 
@@ -42,8 +46,8 @@ def test_a_resumed_run_measures_only_the_missing_tasks(tiny_backend, tmp_path):
         return composer
 
     steps = []
-    again = runner.run(composer_for, tasks(), runners, done=resumed.done,
-                       on_task=lambda task, done: resumed.add(task.id, done),
+    again = runner.run(composer_for, tasks(), runners, done=resumed.resume(tasks()),
+                       on_task=save(resumed),
                        progress=lambda text, step: steps.append(step))
     assert asked == ["t1"]  # t0 came from the checkpoint
     assert [m.as_json() for m in again[:3]] == [m.as_json() for m in measured]
@@ -68,6 +72,51 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
     with pytest.raises(CheckpointMismatch, match="another configuration"):
         Checkpoint(path, {**CONFIG, "seed": 1})
     assert json.loads(path.read_text())["config"] == CONFIG  # left as it was
+
+
+def _measured(path, n: int) -> None:
+    """A checkpoint of a run of ``n`` tasks that finished them all."""
+    checkpoint = Checkpoint(path, {**CONFIG, "tasks": n})
+    for task in tasks(n):
+        checkpoint.add(task.id, [fake_measure("none", 0.1, 1.0, task=task.id)], task.digest())
+
+
+def test_a_run_that_needs_more_tasks_resumes_with_more(tmp_path):
+    """The design takes more tasks where full prefill solves fewer than it needs: the same
+    command with a larger ``--tasks`` keeps the finished ones (the generators draw tasks one
+    after another, so the first ones are the same) and measures the rest."""
+    path = tmp_path / "run.jsonl"
+    _measured(path, 2)
+    more = Checkpoint(path, {**CONFIG, "tasks": 4})
+    assert list(more.resume(tasks(4))) == ["t0", "t1"]
+    assert json.loads(path.read_text().splitlines()[0])["config"]["tasks"] == 4
+    assert list(Checkpoint(path, CONFIG).resume(tasks(2))) == ["t0", "t1"]  # and back
+
+
+def test_a_finished_task_whose_content_changed_is_refused(tmp_path):
+    """Same id, another task (a new version of the repository): its measures are not this
+    task's, so the checkpoint is refused and left as it is."""
+    path = tmp_path / "run.jsonl"
+    _measured(path, 2)
+    text = path.read_text()
+    with pytest.raises(CheckpointMismatch, match="task t0 is not the task the checkpoint"):
+        Checkpoint(path, {**CONFIG, "tasks": 3}).resume(tasks(3, answer=" width, height)"))
+    assert path.read_text() == text
+
+
+def test_a_checkpoint_from_before_digests_resumes_its_own_task_count_only(tmp_path):
+    """Lines written before digests were recorded are the tasks of their run's count: trusted
+    for that count (and given their digests), refused for another."""
+    path = tmp_path / "run.jsonl"
+    old = "\n".join([json.dumps({"config": CONFIG}), _record("t0"), _record("t1")]) + "\n"
+    path.write_text(old)
+    with pytest.raises(CheckpointMismatch, match=r"run of 2 tasks before .* \(--tasks 2\)"):
+        Checkpoint(path, {**CONFIG, "tasks": 3}).resume(tasks(3))
+    assert path.read_text() == old
+    assert list(Checkpoint(path, CONFIG).resume(tasks(2))) == ["t0", "t1"]
+    digests = [json.loads(line).get("digest") for line in path.read_text().splitlines()[1:]]
+    assert digests == [task.digest() for task in tasks(2)]
+    assert list(Checkpoint(path, {**CONFIG, "tasks": 3}).resume(tasks(3))) == ["t0", "t1"]
 
 
 def test_the_evaluation_counts_the_tasks_it_resumed(tiny_backend, tmp_path):

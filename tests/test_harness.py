@@ -4,6 +4,7 @@ with a note saying why."""
 from __future__ import annotations
 
 import pytest
+from fixtures.evidence import fake_measure
 from fixtures.repos import STDLIB_FILES, indexed
 
 from codekv.eval import pruning, workloads
@@ -85,3 +86,47 @@ def test_a_workload_without_any_task_is_refused(tiny_backend, monkeypatch):
     with pytest.raises(EvalOptionError, match="^rag: no task could be made with "
                                               "--context-tokens 40; expected"):
         evaluate(config, backend)
+
+
+def _solving(n: int, solved: int, workload: str = "code-qa") -> list:
+    return [fake_measure("full", 0.0, 4.0, workload, f"t{i}", "full-prefill",
+                         100.0 if i < solved else 50.0) for i in range(n)]
+
+
+@pytest.mark.parametrize(("seen", "solved", "tasks", "says"), [
+    (49, 5, 300, None),  # too few seen to project
+    (50, 14, 300, None),  # 84 projected: enough
+    (73, 14, 300, "solved 14 of the first 73 tasks; at that rate 300 tasks hold about 57 "
+                  "solved ones, fewer than the 80 the retention bound needs. Stop and run the "
+                  "same command with --tasks 510"),
+    (50, 0, 300, "solved none of the first 50 tasks"),
+])
+def test_a_run_on_course_to_too_few_solved_tasks_says_so_early(seen, solved, tasks, says):
+    """The verdict would refuse the run hours later (``full prefill solves N tasks``); the
+    projection says how many tasks would do, once the rate has 50 tasks behind it."""
+    from codekv.eval.harness import EvalConfig, _too_few_solved
+
+    config = EvalConfig(workloads=("code-qa", "rag"), tasks=tasks)
+    told = _too_few_solved(config, _solving(seen, solved) + _solving(seen, seen, "rag"))
+    assert "rag" not in told  # judged per workload: rag's full prefill solves them all
+    if says is None:
+        assert "code-qa" not in told
+    else:
+        assert says in told["code-qa"]
+
+
+def test_the_projection_is_told_once_while_the_run_goes_on(tiny_backend, tmp_path, monkeypatch):
+    from codekv.compose import Passage
+    from codekv.eval import harness, runner
+    from codekv.eval.methods import Method
+
+    monkeypatch.setattr(harness, "PROJECTED_AFTER", 1)
+    quote = Passage("def area(w, h):\n    return w * h\n", "a")
+    tasks = [workloads.Task("rag", f"t{i}", "quote", [quote], "def area(", " w, h)", "a")
+             for i in range(2)]
+    told = []
+    harness._measure(harness.EvalConfig(workloads=("rag",), tasks=2, store=str(tmp_path)),
+                     tiny_backend("llama"), {}, tasks, [runner.Composition([Method("none")])],
+                     [], None, told.append)
+    assert told == ["rag: full prefill solved none of the first 1 tasks, so retention cannot "
+                    "be judged: the model cannot do them"]

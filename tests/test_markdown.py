@@ -55,7 +55,7 @@ def test_markdown_reads_an_unfinished_runs_checkpoint(tmp_path):
     checkpoint = Checkpoint(tmp_path / "run.jsonl", {"tasks": 100})
     for task, delta in (("stdlib/code-qa-0-0", 0.1), ("rich/code-qa-0-1", -0.3)):
         checkpoint.add(task, [fake_measure("full", 0.0, 4.0, "code-qa", task),
-                              fake_measure("query@0.15", delta, 1.0, "code-qa", task)])
+                              fake_measure("query@0.15", delta, 1.0, "code-qa", task)], "d")
     data = markdown.from_checkpoint(str(tmp_path / "run.jsonl"))
     assert data["command"].startswith("the 2 finished tasks of a checkpoint")
     [query] = [r for r in data["results"] if r["method"] == "query@0.15"]

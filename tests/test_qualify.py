@@ -146,6 +146,11 @@ def test_a_trial_run_is_confirmed_on_held_out_tasks_and_licenses_nothing(repo, m
     assert again.workdir == outcome.workdir
     assert [e["held_out"]["measured"] for e in again.entries] == [
         entry["held_out"]["measured"]]
+    # More tasks (full prefill solved too few): the same qualification, the finished ones kept.
+    more = qualify.run(qualify.QualifyOptions(**{**vars(options), "tasks": 3}), "codekv ...")
+    assert more.workdir == outcome.workdir and more.evidence.resumed_tasks == 2
+    assert measured == [task.id for task in more.evidence.tasks[2:] + more.held_out.tasks[2:]]
+    measured.clear()
     # Other settings are another qualification: its own checkpoints, measured afresh.
     other = qualify.run(qualify.QualifyOptions(**{**vars(options), "seed": 5}), "codekv ...")
     assert other.workdir != outcome.workdir and set(measured) == {

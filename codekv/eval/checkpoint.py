@@ -2,10 +2,12 @@
 resumes where it stopped instead of starting over (the evidence run takes over an hour).
 
 The first line records the configuration; a checkpoint written by another configuration is
-refused rather than mixed in. A last line cut short by the interruption is dropped on opening,
-so its task simply runs again. Anything else that is not a checkpoint - a file of another kind,
-a line damaged in the middle - is refused and left as it is: a task is never dropped silently,
-and no other file is ever overwritten.
+refused rather than mixed in. The number of tasks may change: each line records its task's
+digest (``Task.digest``), and a finished task is reused only for the same task, so a run that
+turns out to need more tasks is resumed with more. A last line cut short by the interruption
+is dropped on opening, so its task simply runs again. Anything else that is not a checkpoint -
+a file of another kind, a line damaged in the middle - is refused and left as it is: a task is
+never dropped silently, and no other file is ever overwritten.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from codekv.eval.measures import Measure
 
 # Settings that say where results go, not what is measured: a resumed run may change them.
 UNKEYED = ("store", "checkpoint")
+# Recorded, but a resumed run may change it: its finished tasks are matched by their digests.
+COUNT = "tasks"
 
 
 class CheckpointError(ValueError):
@@ -41,7 +45,7 @@ class Contents:
 
     config: dict
     done: dict[str, list[Measure]] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)  # the finished tasks' lines, as written
+    records: dict[str, dict] = field(default_factory=dict)  # the finished tasks' lines, parsed
     cut_short: bool = False
 
 
@@ -68,14 +72,15 @@ def read(path: str | Path) -> Contents:
                               'a {"config": ...} header)' + refuse)
     contents = Contents(header["config"], cut_short=bool(cut.strip()))
     for number, line in tasks:
-        task, measures = _task(_json(line))
+        record = _json(line)
+        task, measures = _task(record)
         if task is None:
             raise CheckpointError(
                 f"{path}, line {number}: not a finished task's record (expected "
                 '{"task": ID, "measures": [...]}); the tasks after it would be lost, so the '
                 "checkpoint is refused as it is: repair or delete that line")
         contents.done[task] = measures
-        contents.lines.append(line)
+        contents.records[task] = record
     return contents
 
 
@@ -105,37 +110,79 @@ class Checkpoint:
         self.path = Path(path)
         self.config = json.loads(json.dumps(config))  # as it reads back
         self.done: dict[str, list[Measure]] = {}
+        self._records: dict[str, dict] = {}
+        self._count = self.config.get(COUNT)  # the task count its digest-less lines belong to
         if not self.path.exists() or self.path.stat().st_size == 0:  # nothing to lose
-            self._rewrite([])
+            self._rewrite()
             return
         contents = read(self.path)
         check(self.path, contents, self.config)
-        self.done = contents.done
+        self.done, self._records = contents.done, contents.records
+        self._count = contents.config.get(COUNT)
         if contents.cut_short:
-            self._rewrite(contents.lines)  # drops the line cut short by the interruption
+            self._rewrite()  # drops the line cut short by the interruption
 
-    def add(self, task_id: str, measures: list[Measure]) -> None:
-        line = json.dumps({"task": task_id, "measures": [m.as_json() for m in measures]},
-                          allow_nan=False)
+    def resume(self, tasks) -> dict[str, list[Measure]]:
+        """The finished measures of those of ``tasks`` the checkpoint holds. A task whose digest
+        differs from its line's is refused; lines from before digests were recorded are trusted
+        for a run of the task count that wrote them, and gain their digests."""
+        count = self.config.get(COUNT)
+        finished, dated = {}, False
+        for task in tasks:
+            record = self._records.get(task.id)
+            if record is None:
+                continue
+            digest = task.digest()
+            if "digest" not in record and self._count == count:
+                record["digest"], dated = digest, True
+            if record.get("digest") != digest:
+                raise CheckpointMismatch(self._mismatch(task.id, record))
+            finished[task.id] = self.done[task.id]
+        undated = [task for task, record in self._records.items() if "digest" not in record]
+        if undated and self._count != count:
+            raise CheckpointMismatch(self._mismatch(undated[0], self._records[undated[0]]))
+        if dated or self._count != count:
+            self._count = count
+            self._rewrite()
+        return finished
+
+    def add(self, task_id: str, measures: list[Measure], digest: str) -> None:
+        record = {"task": task_id, "digest": digest, "measures": [m.as_json() for m in measures]}
         with open(self.path, "a") as f:
-            f.write(line + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.done[task_id] = list(measures)
+        self.done[task_id], self._records[task_id] = list(measures), record
 
-    def _rewrite(self, lines: list[str]) -> None:
+    def _mismatch(self, task_id: str, record: dict) -> str:
+        if "digest" not in record:
+            return (f"{self.path} was written by a run of {self._count} tasks before checkpoints "
+                    f"recorded what each task was; it resumes only a run of {self._count} tasks "
+                    f"(--tasks {self._count})")
+        return (f"{self.path}: task {task_id} is not the task the checkpoint measured under that "
+                "id (another version of its repository or of the task generator); remove it or "
+                "point --checkpoint elsewhere")
+
+    def _rewrite(self) -> None:
+        config = {**self.config, COUNT: self._count} if COUNT in self.config else self.config
+        lines = [json.dumps({"config": config}),
+                 *(json.dumps(record, allow_nan=False) for record in self._records.values())]
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text("".join(line + "\n" for line in [json.dumps({"config": self.config}),
-                                                        *lines]))
+        tmp.write_text("".join(line + "\n" for line in lines))
         os.replace(tmp, self.path)
 
 
 def check(path: Path, contents: Contents, config: dict) -> None:
-    """Refuse a checkpoint written by an evaluation with another configuration."""
-    if contents.config != json.loads(json.dumps(config)):
+    """Refuse a checkpoint written by an evaluation with another configuration (the task count
+    aside: ``Checkpoint.resume`` matches the tasks)."""
+    if _uncounted(contents.config) != _uncounted(json.loads(json.dumps(config))):
         raise CheckpointMismatch(
             f"{path} was written by an evaluation with another configuration; "
             "remove it or point --checkpoint elsewhere")
+
+
+def _uncounted(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != COUNT}
 
 
 def verify(path: str | Path, config: dict) -> None:

@@ -141,8 +141,9 @@ def canonical_command(config) -> str:
                    "[a one-sentence agent prompt].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path),
               help="Keep each finished task's measures in this file and skip the tasks already "
-                   "in it: an interrupted run resumes. A file that is not such a checkpoint is "
-                   "refused and left as it is.")
+                   "in it: an interrupted run resumes, with a larger --tasks too (a task is "
+                   "reused only if its content is the same). A file that is not such a "
+                   "checkpoint is refused and left as it is.")
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
               help="Workloads to run (default: all but the agent-session ones, whose tasks "
                    "need 4K tokens or more).")
@@ -340,7 +341,10 @@ def _run_with_progress(config, evaluate):
                 done = int(progress.tasks[0].completed)
                 click.echo(f"[{done}/{total} requests] {text}", err=True)
 
-        return evaluate(config, status=status, progress=advance)
+        def warn(text):
+            progress.console.print(text, markup=False, highlight=False)
+
+        return evaluate(config, status=status, progress=advance, warn=warn)
 
 
 def _evidence_tasks(command_line: str) -> tuple[tuple[str, ...], int]:

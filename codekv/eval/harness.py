@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -151,8 +152,10 @@ def resolve_repo(spec: str) -> str:
 
 
 def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | None = None,
-             progress: Callable[[str, int, int | None], None] | None = None) -> EvalResult:
-    """Run the evaluation; ``status(text)`` for phases, ``progress(text, advance, total)``."""
+             progress: Callable[[str, int, int | None], None] | None = None,
+             warn: Callable[[str], None] | None = None) -> EvalResult:
+    """Run the evaluation; ``status(text)`` for phases, ``progress(text, advance, total)``,
+    ``warn(text)`` for what the operator should act on during the run."""
     started = time.perf_counter()
     loads = [_load()]
     say = status or (lambda text: None)
@@ -174,7 +177,8 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
         say("Generating workloads")
         tasks = _tasks(config, indexes, count, notes)
         runners = _runners(config, backend, tasks, notes)
-        measures, resumed = _measure(config, backend, indexes, tasks, runners, loads, progress)
+        measures, resumed = _measure(config, backend, indexes, tasks, runners, loads, progress,
+                                     warn)
         rows = aggregate(measures)
         info = backend.info
         entries = gate_entries(rows, info.family, config.thresholds, info.fingerprint,
@@ -338,9 +342,10 @@ def _runners(config: EvalConfig, backend, tasks: list, notes: list[str]
 
 
 def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: list,
-             loads: list, progress) -> tuple[list[Measure], int]:
+             loads: list, progress, warn=None) -> tuple[list[Measure], int]:
     """Every scheduled method on every task, on a chunk store of its own, resuming from the
-    checkpoint when there is one; also how many tasks the checkpoint already held."""
+    checkpoint when there is one; also how many tasks the checkpoint already held. ``warn``
+    hears once per workload when the run is on course to too few solved tasks."""
     from codekv.compose import Composer
     from codekv.eval.checkpoint import Checkpoint, config_key
     from codekv.stores import open_kv_store
@@ -369,14 +374,50 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
             if progress is not None:
                 progress(text, step, total)
 
-        resumed = sum(task.id in checkpoint.done for task in tasks) if checkpoint else 0
+        finished = checkpoint.resume(tasks) if checkpoint else {}
+        seen = [m for done in finished.values() for m in done]
+        warned: set[str] = set()
+
+        def on_task(task, done: list[Measure]) -> None:
+            if checkpoint:
+                checkpoint.add(task.id, done, task.digest())
+            seen.extend(done)
+            for workload, text in _too_few_solved(config, seen).items():
+                if warn is not None and workload not in warned:
+                    warned.add(workload)
+                    warn(text)
+
         return runner.run(composer_for, tasks, runners, config.greedy_tokens, report,
-                          config.prefix, checkpoint.done if checkpoint else None,
-                          (lambda task, done: checkpoint.add(task.id, done)) if checkpoint
-                          else None), resumed
+                          config.prefix, finished, on_task), len(finished)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+# From this many tasks of a workload on, a run projects how many its full prefill will solve.
+PROJECTED_AFTER = 50
+
+
+def _too_few_solved(config: EvalConfig, measures: list[Measure]) -> dict[str, str]:
+    """Per workload on course (at full prefill's solve rate so far) to end with fewer solved
+    tasks than the retention bound needs, what to do: the verdict would say so hours later."""
+    need, out = config.thresholds.min_solved, {}
+    for workload in config.workloads:
+        full = [m for m in measures if m.method == methods.FULL and m.workload == workload]
+        solved = sum(m.answer_exact for m in full)
+        if len(full) < PROJECTED_AFTER or solved * config.tasks >= need * len(full):
+            continue
+        if not solved:
+            out[workload] = (f"{workload}: full prefill solved none of the first {len(full)} "
+                             "tasks, so retention cannot be judged: the model cannot do them")
+            continue
+        more = math.ceil(1.2 * need * len(full) / solved / 10) * 10  # 20% over: the rate is noisy
+        out[workload] = (
+            f"{workload}: full prefill solved {solved} of the first {len(full)} tasks; at that "
+            f"rate {config.tasks} tasks hold about {solved * config.tasks // len(full)} solved "
+            f"ones, fewer than the {need} the retention bound needs. Stop and run the same "
+            f"command with --tasks {more}: the finished tasks are kept")
+    return out
 
 
 def _runnable(strategies: tuple[str, ...], backend, notes: list[str]) -> tuple[str, ...]:

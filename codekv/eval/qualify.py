@@ -9,10 +9,11 @@ from - and writes the entries into the user support file in the codekv home
 win for the model they were measured on.
 
 Both runs keep each finished task in a checkpoint under ``<home>/qualify/<key>``, the key
-being the model (its fingerprint), the repositories' contents and the settings: the same
-command run again continues where it stopped. A run whose thresholds are below the gate's
-(``--min-tasks`` under 100, to try the command quickly) is a trial: its entries say so and
-license nothing.
+being the model (its fingerprint), the repositories' contents and the settings but the task
+count: the same command run again continues where it stopped, with a larger ``--tasks`` too
+(where full prefill solves too few of the tasks, the run says so early). A run whose
+thresholds are below the gate's (``--min-tasks`` under 100, to try the command quickly) is a
+trial: its entries say so and license nothing.
 """
 
 from __future__ import annotations
@@ -222,12 +223,13 @@ class Qualification:
 
 def run(options: QualifyOptions, command: str, backend=None,
         status: Callable[[str], None] | None = None,
-        progress: Callable[[str, str, int, int | None], None] | None = None) -> Qualification:
+        progress: Callable[[str, str, int, int | None], None] | None = None,
+        warn: Callable[[str], None] | None = None) -> Qualification:
     """The evidence run, the held-out run of what passed, and the user file's new entries.
 
     ``command``: this qualify command line, recorded in the entries; ``status(text)`` for
     phases; ``progress(phase, text, advance, total)`` per measured request (``phase``:
-    ``evidence`` or ``held-out``).
+    ``evidence`` or ``held-out``); ``warn(text)`` for what to act on during a run.
     """
     from codekv.eval import command as eval_command
     from codekv.eval.harness import count_tasks, evaluate
@@ -255,7 +257,7 @@ def run(options: QualifyOptions, command: str, backend=None,
                           "held-out")):
         _enough(config, side, count_tasks(config, backend, say))
     say("Evidence run")
-    result = evaluate(evidence, backend, say, _phase(progress, "evidence"))
+    result = evaluate(evidence, backend, say, _phase(progress, "evidence"), warn)
     staged = workdir / "support.json"
     eval_command.stamp_covers(result)
     try:
@@ -271,7 +273,8 @@ def run(options: QualifyOptions, command: str, backend=None,
                                    tuple(dict.fromkeys(passed)), workdir / "held-out.ckpt")
             eval_command.check_held_out(document, held_out)
             say("Held-out run of the rules that passed")
-            held_out_result = evaluate(held_out, backend, say, _phase(progress, "held-out"))
+            held_out_result = evaluate(held_out, backend, say, _phase(progress, "held-out"),
+                                       warn)
             eval_command.stamp_covers(held_out_result)
             notes += eval_command.confirm(staged, held_out_result, held_out,
                                           eval_command.canonical_command(held_out))
@@ -325,11 +328,12 @@ def _phase(progress, phase: str):
 
 def _workdir(options: QualifyOptions, grid, drawn: Sides, fingerprint: str) -> Path:
     """The directory of this qualification's checkpoints: one per model fingerprint,
-    repositories' contents and settings, so the same command continues where it stopped."""
+    repositories' contents and settings (the task count aside: the checkpoints match their
+    tasks), so the same command continues where it stopped."""
     key = {"model": options.model, "fingerprint": fingerprint, "engine": options.engine,
            "repos": drawn.contents, "held_out": drawn.how, "workloads": list(options.workloads),
            "languages": list(options.languages) if options.languages else None,
-           "tasks": options.tasks, "context_tokens": options.context_tokens,
+           "context_tokens": options.context_tokens,
            "strategies": list(grid), "seed": options.seed,
            "thresholds": asdict(options.thresholds)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

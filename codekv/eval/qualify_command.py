@@ -110,12 +110,12 @@ class Display:
             first = text.rsplit(" done in ", 1)[1]
             more = (f", then up to {duration(self.estimate.left(later))} for the held-out run "
                     "(it runs only the rules that pass)" if later else "")
-            self._say(f"Estimate from the first task measured ({first}): about {duration(this)} "
-                      f"for the {phase} run's {(total or 0) - completed} requests left{more}")
+            self.say(f"Estimate from the first task measured ({first}): about {duration(this)} "
+                     f"for the {phase} run's {(total or 0) - completed} requests left{more}")
         elif finished and self.progress.disable:
-            self._say(f"[{completed}/{total} requests] {phase}: {text}; {left}")
+            self.say(f"[{completed}/{total} requests] {phase}: {text}; {left}")
 
-    def _say(self, line: str) -> None:
+    def say(self, line: str) -> None:
         if self.progress.disable:
             click.echo(line, err=True)
         else:
@@ -216,7 +216,7 @@ def qualify_command(model, engine, repos, held_out_repos, held_out_paths, worklo
                         declared_positions(model))
         with Display(held_out_requests) as display:
             outcome = qualify.run(options, qualify_argv(options), status=display.status,
-                                  progress=display.step)
+                                  progress=display.step, warn=display.say)
     except (qualify.QualifyError, ModelLoadError, EvalOptionError) as error:
         raise click.ClickException(str(error)) from error
     print_summary(console, outcome)

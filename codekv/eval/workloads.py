@@ -25,6 +25,8 @@ the workload and the seed, over inputs in a sorted order, so a seed always gives
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import random
 import re
 from collections.abc import Callable
@@ -67,6 +69,18 @@ class Task:
         return {"workload": self.workload, "id": self.id, "kind": self.kind,
                 "context": self.context_names(), "query": self.query, "answer": self.answer,
                 "source": self.source, **self.meta}
+
+    def digest(self) -> str:
+        """What the task is, content included (a chunk's id is its blob and range): a
+        checkpoint reuses a finished task for this one only when the digests agree."""
+        content = {"task": self.as_json(), "context": [_content(item) for item in self.context],
+                   "calls": [[call.messages, call.partial] for call in self.calls or ()]}
+        return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()
+                              ).hexdigest()
+
+
+def _content(item) -> str | list[str]:
+    return item.id if isinstance(item, Chunk) else [item.name, item.kind, item.text]
 
 
 def item_name(item) -> str:
