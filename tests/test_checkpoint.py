@@ -10,7 +10,7 @@ from fixtures.evidence import fake_measure
 
 from codekv.compose import Composer, Passage
 from codekv.eval import runner, workloads
-from codekv.eval.checkpoint import Checkpoint, CheckpointError, CheckpointMismatch
+from codekv.eval.checkpoint import Checkpoint, CheckpointError, CheckpointMismatch, merge
 from codekv.eval.methods import Method
 from codekv.stores.local import LocalKVStore
 
@@ -132,6 +132,45 @@ def test_the_evaluation_counts_the_tasks_it_resumed(tiny_backend, tmp_path):
     assert resumed == 0 and [m.task for m in measures] == ["t0", "t0"]
     measures, resumed = _measure(config, backend, {}, tasks(), runners, [], None)
     assert resumed == 1 and [m.task for m in measures] == ["t0", "t0", "t1", "t1"]
+
+
+def test_the_shards_of_a_run_merge_into_its_checkpoint(tiny_backend, tmp_path):
+    """N processes share a run (``--shard K/N``), each with its own checkpoint; merged, the
+    checkpoint resumes the whole run with nothing left to measure."""
+    from codekv.eval.harness import EvalConfig, _measure
+
+    backend, three = tiny_backend("llama"), tasks(3)
+    runners = [runner.Composition([Method("none")])]
+
+    def config(**settings) -> EvalConfig:
+        return EvalConfig(workloads=("rag",), tasks=3, store=str(tmp_path / "kv"), **settings)
+
+    shards = [tmp_path / f"shard{k}.jsonl" for k in (0, 1)]
+    for k, path in enumerate(shards):
+        measures, _ = _measure(config(shard=(k, 2), checkpoint=str(path)), backend, {}, three,
+                               runners, [], None)
+        assert {m.task for m in measures} == {task.id for task in three[k::2]}
+    assert merge(tmp_path / "run.jsonl", shards) == 3
+    measures, resumed = _measure(config(checkpoint=str(tmp_path / "run.jsonl")), backend, {},
+                                 three, runners, [], None)
+    assert resumed == 3 and [m.task for m in measures] == ["t0", "t0", "t1", "t1", "t2", "t2"]
+
+
+def test_merging_refuses_what_is_not_one_runs_shards(tmp_path):
+    _measured(tmp_path / "a.jsonl", 2)
+    _measured(tmp_path / "b.jsonl", 2)
+    assert merge(tmp_path / "ab.jsonl", [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]) == 2
+    with pytest.raises(CheckpointError, match="exists"):  # never over another file
+        merge(tmp_path / "ab.jsonl", [tmp_path / "a.jsonl"])
+    Checkpoint(tmp_path / "seed.jsonl", {**CONFIG, "seed": 1})
+    with pytest.raises(CheckpointMismatch, match="another configuration than"):
+        merge(tmp_path / "x.jsonl", [tmp_path / "a.jsonl", tmp_path / "seed.jsonl"])
+    changed = Checkpoint(tmp_path / "changed.jsonl", CONFIG)
+    [task, _] = tasks(2, answer=" width, height)")
+    changed.add(task.id, [fake_measure("none", 0.1, 1.0, task=task.id)], task.digest())
+    with pytest.raises(CheckpointMismatch, match="task t0 is not the task another file"):
+        merge(tmp_path / "y.jsonl", [tmp_path / "a.jsonl", tmp_path / "changed.jsonl"])
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "y.jsonl").exists()
 
 
 def _record(task: str) -> str:

@@ -75,6 +75,11 @@ def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(t
     both = CliRunner().invoke(main, ["eval", "--quick", "--confirm-gate", str(path),
                                      "--write-gate", str(tmp_path / "other.json")])
     assert both.exit_code != 0 and "one run does one of them" in both.output
+    shard = CliRunner().invoke(main, ["eval", "--quick", "--shard", "1/2", "--write-gate",
+                                      str(tmp_path / "other.json")])
+    assert shard.exit_code != 0 and "run without --shard" in shard.output
+    wrong = CliRunner().invoke(main, ["eval", "--quick", "--shard", "2/2"])
+    assert wrong.exit_code != 0 and "expected K/N with 0 <= K < N" in wrong.output
     assert path.read_text() == written
 
 

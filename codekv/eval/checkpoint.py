@@ -20,7 +20,7 @@ from pathlib import Path
 from codekv.eval.measures import Measure
 
 # Settings that say where results go, not what is measured: a resumed run may change them.
-UNKEYED = ("store", "checkpoint")
+UNKEYED = ("store", "checkpoint", "shard")
 # Recorded, but a resumed run may change it: its finished tasks are matched by their digests.
 COUNT = "tasks"
 
@@ -191,3 +191,48 @@ def verify(path: str | Path, config: dict) -> None:
     path = Path(path)
     if path.exists() and path.stat().st_size:
         check(path, read(path), config)
+
+
+def merge(out: str | Path, paths: list[str | Path]) -> int:
+    """Join the checkpoints of one run's shards (``--shard``) into ``out``, a new file: one
+    configuration, each task once (a task in several files must be the same task, by its
+    digest). Returns how many tasks it holds; the inputs are left as they are."""
+    out = Path(out)
+    if os.path.lexists(out):
+        raise CheckpointError(f"{out} exists; the merged checkpoint goes to a new file")
+    contents = [read(path) for path in paths]
+    records: dict[str, dict] = {}
+    for path, read_back in zip(paths, contents):
+        if read_back.config != contents[0].config:
+            raise CheckpointMismatch(f"{path} was written by an evaluation with another "
+                                     f"configuration than {paths[0]}: only one run's shards "
+                                     "merge")
+        for task, record in read_back.records.items():
+            held = records.setdefault(task, record)
+            if held.get("digest", held) != record.get("digest", record):
+                raise CheckpointMismatch(f"{path}: task {task} is not the task another file "
+                                         "measured under that id")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(line, allow_nan=False) + "\n"
+                           for line in [{"config": contents[0].config}, *records.values()]))
+    os.replace(tmp, out)
+    return len(records)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Join the checkpoints of one run's shards.")
+    parser.add_argument("command", choices=["merge"])
+    parser.add_argument("out", help="the merged checkpoint (a new file)")
+    parser.add_argument("checkpoints", nargs="+", help="the shards' checkpoints")
+    args = parser.parse_args(argv)
+    try:
+        count = merge(args.out, args.checkpoints)
+    except CheckpointError as error:
+        parser.exit(1, f"error: {error}\n")
+    print(f"{args.out}: {count} tasks from {len(args.checkpoints)} checkpoints")
+
+
+if __name__ == "__main__":
+    main()

@@ -26,6 +26,16 @@ from codekv.schema import OTHER_REPOS, WORKLOADS, default_workloads
 from codekv.support_schema import MIN_TASKS
 
 
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    k, _, n = text.partition("/")
+    if not (f"{k}{n}".isascii() and k.isdigit() and n.isdigit() and int(k) < int(n)):
+        raise click.BadParameter(f"expected K/N with 0 <= K < N, as in 0/2, not {text!r}",
+                                 param_hint="--shard")
+    return int(k), int(n)
+
+
 def _floats(text: str | None) -> tuple[float, ...] | None:
     if text is None:
         return None
@@ -119,6 +129,8 @@ def canonical_command(config) -> str:
     parts += ["--min-tasks", str(config.thresholds.min_tasks)]
     if not config.reorder:
         parts.append("--no-reorder")
+    if config.shard:
+        parts += ["--shard", "/".join(map(str, config.shard))]
     if config.model:
         parts += ["--model", str(config.model)]
     if config.backend != TRANSFORMERS:
@@ -204,6 +216,11 @@ def canonical_command(config) -> str:
 @click.option("--reuse-tasks", type=click.IntRange(min=0), default=None,
               help="Tasks per simulated agent session for the prefix-vs-composition reuse "
                    "estimate [20; --quick 8; 0 skips it].")
+@click.option("--shard", type=str, default=None, metavar="K/N",
+              help="Measure only every N-th task from the K-th (0-based), so N processes share "
+                   "one run, each with its own --checkpoint; join their checkpoints with "
+                   "'python -m codekv.eval.checkpoint merge' and run without --shard for the "
+                   "verdict.")
 @click.option("--store", type=StoreParam(shared=True), default=None,
               help="Chunk KV store to use: a directory, or redis://[user:password@]host:port/db "
                    "or rediss://... (default: a temporary one, removed afterwards).")
@@ -211,7 +228,7 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
                  conditioning, pruning,
                  budgets, pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens,
                  model, engine, quick, json_path, write_gate, confirm_gate, plots, min_tasks,
-                 no_reorder, reuse_tasks, store):
+                 no_reorder, reuse_tasks, shard, store):
     """Measure composition (and KV pruning baselines) against full prefill on generated
     workloads; write the gate file."""
     from codekv.eval import checkpoint as checkpoints
@@ -240,7 +257,7 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
                    reuse_tasks=reuse_tasks,
                    store=str(store) if store else None, reorder=False if no_reorder else None,
                    checkpoint=str(checkpoint) if checkpoint else None,
-                   thresholds=Thresholds(min_tasks=min_tasks))
+                   thresholds=Thresholds(min_tasks=min_tasks), shard=_shard(shard))
     if quick:
         config = EvalConfig.quick_config(**options)
     else:
@@ -249,6 +266,9 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
     if write_gate and confirm_gate:
         raise click.UsageError("--write-gate records evidence and --confirm-gate checks it on "
                                "held-out tasks: one run does one of them")
+    if shard and (write_gate or confirm_gate):
+        raise click.UsageError("a --shard measures part of a run, and a verdict needs all of "
+                               "it: merge the shards' checkpoints and run without --shard")
     try:
         # Before the model loads: what would fail after minutes, or measure nothing.
         check_positions(config, declared_positions(config.model))

@@ -74,6 +74,9 @@ class EvalConfig:
     # The languages code-qa draws from (--language); None: every language the repositories have.
     languages: tuple[str, ...] | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
+    # (K, N): measure only the tasks whose place is K modulo N, so N processes share one run
+    # (each with its own checkpoint; ``python -m codekv.eval.checkpoint merge`` joins them).
+    shard: tuple[int, int] | None = None
 
     @classmethod
     def quick_config(cls, **overrides) -> EvalConfig:
@@ -92,7 +95,15 @@ class EvalConfig:
             del data["languages"]
         else:
             data["languages"] = list(self.languages)
+        if self.shard is None:
+            del data["shard"]
+        else:
+            data["shard"] = list(self.shard)
         return data
+
+    def sharded(self, tasks: list) -> list:
+        """Those of ``tasks`` this run measures."""
+        return tasks if self.shard is None else tasks[self.shard[0]::self.shard[1]]
 
 
 @dataclass
@@ -192,7 +203,8 @@ def evaluate(config: EvalConfig, backend=None, status: Callable[[str], None] | N
     if machine["loadavg_mean"] > 1.25 * machine["cpus"]:  # this run alone loads every core
         notes.append(f"the machine was busy (mean load average {machine['loadavg_mean']:.1f} on "
                      f"{machine['cpus']} cores): timings and speedups are noisy")
-    return EvalResult(config, _model(config, backend.info), rows, measures, tasks, entries,
+    return EvalResult(config, _model(config, backend.info), rows, measures,
+                      config.sharded(tasks), entries,
                       comparisons(measures), reuse_result, notes,
                       time.perf_counter() - started, machine, throughput_rows, resumed)
 
@@ -365,7 +377,7 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
         checkpoint = None
         if config.checkpoint:
             checkpoint = Checkpoint(config.checkpoint, config_key(config.as_json()))
-        total = runner.requests(tasks, runners)
+        total = runner.requests(tasks, runners, config.shard)
         if progress is not None:
             progress("Evaluating", 0, total)
 
@@ -388,7 +400,8 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
                     warn(text)
 
         return runner.run(composer_for, tasks, runners, config.greedy_tokens, report,
-                          config.prefix, finished, on_task), len(finished)
+                          config.prefix, finished, on_task, config.shard), sum(
+            task.id in finished for task in config.sharded(tasks))
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)

@@ -302,20 +302,23 @@ def warm_up(backend) -> None:
     backend.generate(state, 2)
 
 
-def schedule(tasks: list[Task], runners: list[MethodRunner]
+def schedule(tasks: list[Task], runners: list[MethodRunner], shard: tuple[int, int] | None = None
              ) -> Iterator[tuple[Task, list[MethodRunner]]]:
     """Each task with the runners that run on it: each on its first ``tasks`` per workload,
-    agent-session tasks on the runners of sessions alone."""
+    agent-session tasks on the runners of sessions alone; of ``shard`` (K, N), the tasks whose
+    place is K modulo N only."""
     seen: Counter[str] = Counter()
-    for task in tasks:
+    for place, task in enumerate(tasks):
         seen[task.workload] += 1
-        yield task, [r for r in runners if r.sessions == (task.calls is not None)
-                     and (r.tasks is None or seen[task.workload] <= r.tasks)]
+        if shard is None or place % shard[1] == shard[0]:
+            yield task, [r for r in runners if r.sessions == (task.calls is not None)
+                         and (r.tasks is None or seen[task.workload] <= r.tasks)]
 
 
-def requests(tasks: list[Task], runners: list[MethodRunner]) -> int:
+def requests(tasks: list[Task], runners: list[MethodRunner],
+             shard: tuple[int, int] | None = None) -> int:
     """How many method requests ``run`` makes (each is one progress step)."""
-    return sum(r.count(task.workload) for task, active in schedule(tasks, runners)
+    return sum(r.count(task.workload) for task, active in schedule(tasks, runners, shard)
                for r in active)
 
 
@@ -323,14 +326,15 @@ def run(composer_for: Callable[[Task], Composer], tasks: list[Task],
         runners: list[MethodRunner], greedy_tokens: int = 8,
         progress: Callable[[str, int], None] | None = None, prefix: str | None = None,
         done: dict[str, list[Measure]] | None = None,
-        on_task: Callable[[Task, list[Measure]], None] | None = None) -> list[Measure]:
-    """All tasks, each with the runners scheduled on it and the composer of its repository;
-    ``progress(description, advance)`` after each method. Tasks in ``done`` (a checkpoint's)
-    are not run again; ``on_task`` gets each newly measured task."""
+        on_task: Callable[[Task, list[Measure]], None] | None = None,
+        shard: tuple[int, int] | None = None) -> list[Measure]:
+    """All tasks (of ``shard``), each with the runners scheduled on it and the composer of its
+    repository; ``progress(description, advance)`` after each method. Tasks in ``done`` (a
+    checkpoint's) are not run again; ``on_task`` gets each newly measured task."""
     done = done or {}
     measures: list[Measure] = []
     warmed = False
-    for task, active in schedule(tasks, runners):
+    for task, active in schedule(tasks, runners, shard):
         if task.id in done:
             measures.extend(done[task.id])
             if progress is not None:
