@@ -165,11 +165,15 @@ class Checkpoint:
 
     def _rewrite(self) -> None:
         config = {**self.config, COUNT: self._count} if COUNT in self.config else self.config
-        lines = [json.dumps({"config": config}),
-                 *(json.dumps(record, allow_nan=False) for record in self._records.values())]
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text("".join(line + "\n" for line in lines))
-        os.replace(tmp, self.path)
+        _write(self.path, config, self._records.values())
+
+
+def _write(path: Path, config: dict, records) -> None:
+    """The checkpoint at ``path``, whole: written beside it, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(line, allow_nan=False) + "\n"
+                           for line in [{"config": config}, *records]))
+    os.replace(tmp, path)
 
 
 def check(path: Path, contents: Contents, config: dict) -> None:
@@ -212,10 +216,7 @@ def merge(out: str | Path, paths: list[str | Path]) -> int:
             if held.get("digest", held) != record.get("digest", record):
                 raise CheckpointMismatch(f"{path}: task {task} is not the task another file "
                                          "measured under that id")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(line, allow_nan=False) + "\n"
-                           for line in [{"config": contents[0].config}, *records.values()]))
-    os.replace(tmp, out)
+    _write(out, contents[0].config, records.values())
     return len(records)
 
 
