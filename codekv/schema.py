@@ -143,7 +143,8 @@ def rule_label(strategy: str, ratio: float, conditioning: str = DEFAULT_CONDITIO
 
 register(Workload("code-qa", "codekv.eval.workloads:code_qa_tasks", ChunkKind.CODE,
                   needs_index=True, held_out_by=OTHER_REPOS, by_language=True))
-register(Workload("rag", "codekv.eval.workloads:rag_tasks", ChunkKind.PASSAGE))
+register(Workload("rag", "codekv.eval.workloads:rag_tasks", ChunkKind.PASSAGE, needs_index=True,
+                  held_out_by=OTHER_REPOS))
 register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", ChunkKind.TOOL_DOC))
 # The same agent sessions, each workload serving them reading another source of the last
 # prompt (``reads``): its whole segments; the unchanged parts of changed segments, code's and

@@ -41,23 +41,27 @@ def _bytes(byte_counter):
 def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(tmp_path):
     from codekv.eval.harness import EvalConfig
 
-    document = evidence_document([fake_row("query@0.15"), fake_row("hybrid@0.15", workload="rag")])
+    document = evidence_document([fake_row("query@0.15"), fake_row("hybrid@0.15", workload="rag"),
+                                  fake_row("hybrid@0.15", workload="tool-docs")])
     check = command.check_held_out
     fresh = dict(tasks=200, strategies=("query@0.15", "hybrid@0.15"))
     check(document, EvalConfig(workloads=("code-qa",), repos=("package:click",), **fresh))
-    check(document, EvalConfig(workloads=("rag",), seed=1, **fresh))
+    check(document, EvalConfig(workloads=("rag",), repos=("package:jinja2",), **fresh))
+    check(document, EvalConfig(workloads=("tool-docs",), seed=1, **fresh))
     refusals = {
         "drawn from package:rich, stdlib; held-out tasks come from other repositories":
             EvalConfig(workloads=("code-qa",), repos=("package:click", "stdlib"), **fresh),
-        "rag: its evidence was drawn with seed 0; held-out tasks need another --seed":
-            EvalConfig(workloads=("rag",), **fresh),
+        "rag: its evidence was drawn from package:rich, stdlib; held-out tasks come from other":
+            EvalConfig(workloads=("rag",), seed=1, **fresh),
+        "tool-docs: its evidence was drawn with seed 0; held-out tasks need another --seed":
+            EvalConfig(workloads=("tool-docs",), **fresh),
         "its thresholds need 200 held-out tasks; --tasks is 12":
-            EvalConfig(workloads=("rag",), seed=1, tasks=12, strategies=("hybrid@0.15",)),
+            EvalConfig(workloads=("tool-docs",), seed=1, tasks=12, strategies=("hybrid@0.15",)),
         "none of --strategies passed its evidence run; candidates: query@0.15":
             EvalConfig(workloads=("code-qa",), repos=("package:click",), tasks=200,
                        strategies=("query@0.25",)),
-        "nothing to confirm: no entry for tool-docs on transformers passed":
-            EvalConfig(workloads=("tool-docs",), seed=1, **fresh),
+        "nothing to confirm: no entry for agent-session on transformers passed":
+            EvalConfig(workloads=("agent-session",), repos=("package:click",), **fresh),
     }
     for message, config in refusals.items():
         with pytest.raises(SupportFileError, match=message):

@@ -66,7 +66,8 @@ def test_a_context_past_the_models_positions_is_refused_before_any_prefill(tiny_
 
     monkeypatch.setattr(backend, "full_prefill", prefill)
     prompt = len(backend.tokenize(AGENT_PROMPT))
-    config = EvalConfig(workloads=("rag",), tasks=1, context_tokens=200, max_query_tokens=16)
+    config = EvalConfig(workloads=("tool-docs",), tasks=1, context_tokens=200,
+                        max_query_tokens=16)
     with pytest.raises(EvalOptionError) as refused:
         evaluate(config, backend)
     assert str(refused.value) == (
@@ -76,14 +77,14 @@ def test_a_context_past_the_models_positions_is_refused_before_any_prefill(tiny_
 
 
 def test_a_workload_without_any_task_is_refused(tiny_backend, monkeypatch):
-    """No passage fits half of a 40-token context: nothing would be measured."""
+    """No tool's help fits half of a 40-token context: nothing would be measured."""
     from codekv.eval.harness import EvalConfig, evaluate
     from codekv.eval.preflight import EvalOptionError
 
     backend = tiny_backend("llama")
-    config = EvalConfig(workloads=("rag",), tasks=2, context_tokens=40, max_query_tokens=16,
-                        prefix="")
-    with pytest.raises(EvalOptionError, match="^rag: no task could be made with "
+    config = EvalConfig(workloads=("tool-docs",), tasks=2, context_tokens=40,
+                        max_query_tokens=16, prefix="")
+    with pytest.raises(EvalOptionError, match="^tool-docs: no task could be made with "
                                               "--context-tokens 40; expected"):
         evaluate(config, backend)
 

@@ -185,16 +185,70 @@ def test_code_qa_is_deterministic_and_answers_occur_in_the_source(stdlib_index, 
         assert sum(workloads.approx_tokens(text) for text in context.values()) <= 900
 
 
-def test_rag_is_deterministic_and_quotes_one_passage_of_the_context():
-    first = workloads.rag(5, seed=1, context_tokens=1024)
-    assert [t.as_json() for t in first] == [t.as_json() for t in workloads.rag(5, 1, 1024)]
-    assert [t.as_json() for t in first] != [t.as_json() for t in workloads.rag(5, 2, 1024)]
+def test_rag_is_deterministic_and_quotes_one_passage_of_the_context(stdlib_index):
+    first = workloads.rag(stdlib_index, 5, seed=1, context_tokens=1024)
+    assert len(first) == 5
+    assert [t.as_json() for t in first] == [
+        t.as_json() for t in workloads.rag(stdlib_index, 5, 1, 1024)]
+    assert [t.as_json() for t in first] != [
+        t.as_json() for t in workloads.rag(stdlib_index, 5, 2, 1024)]
     for task in first:
         start = task.query.split('\n"', 1)[1]  # the quoted start of the sentence
         holding = [p for p in task.context if start + task.answer in p.text]
         assert [p.name for p in holding] == [task.source]
         assert sum(start in p.text for p in task.context) == 1
         assert all(isinstance(p, Passage) and p.kind == "passage" for p in task.context)
+        assert task.source.split("#")[0] in STDLIB_FILES
+
+
+def test_rag_passages_are_the_docstrings_of_the_repository_s_python_code(git_repo):
+    index = indexed(git_repo, {
+        "shapes.py": '''"""Shapes and their areas.
+
+Every shape here is measured in
+whole units.
+"""
+
+
+class Square:
+    """A square.
+
+    Its sides are equal::
+
+        Square(2).area() == 4
+    """
+
+    def area(self):
+        """The side times itself."""
+        return self.side ** 2
+''',
+        "broken.py": '"""Never read."""\ndef (:\n',
+        "notes.md": "# Notes\n\nProse that is not a docstring.\n",
+    })
+    passages = workloads.doc_passages(index, passage_tokens=1000)
+    assert [p.name for p in passages] == ["shapes.py#0"]
+    assert passages[0].text == (
+        "shapes.py\n\nmodule:\n\nShapes and their areas.\n\n"
+        "Every shape here is measured in whole units.\n\nSquare:\n\nA square.\n\n"
+        "Its sides are equal::\n\n    Square(2).area() == 4\n\n"
+        "Square.area:\n\nThe side times itself.")
+    small = workloads.doc_passages(index, passage_tokens=8)
+    assert [p.name for p in small][:2] == ["shapes.py#0", "shapes.py#1"]
+    assert "".join(p.text.split("\n\n", 1)[1] for p in small).count("Square.area:") == 1
+
+
+@pytest.mark.parametrize("make", ["rag", "tool-docs"])
+def test_no_query_is_longer_than_max_query_tokens(stdlib_index, make):
+    """The preflight sizes a request by ``--max-query-tokens``: a quote or a question longer
+    than that makes no task."""
+    def draw(limit):
+        if make == "rag":
+            return workloads.rag(stdlib_index, 8, 0, 1024, max_query_tokens=limit)
+        return workloads.tool_doc_tasks(8, 0, 1024, max_query_tokens=limit)
+
+    longest = max(workloads.approx_tokens(t.query) for t in draw(256))
+    bounded = draw(longest - 1)
+    assert bounded and all(workloads.approx_tokens(t.query) < longest for t in bounded)
 
 
 def test_tool_docs_are_deterministic_and_ask_for_a_real_option():

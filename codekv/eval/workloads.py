@@ -11,8 +11,9 @@
   call comes first in it. Each task is written in its language's line comments
   and names (``LanguageSpec.tasks``: ``// Question: ... Counter::get()``) and records its
   ``language``.
-- ``rag``: the Python documentation's topic pages (``pydoc_data.topics``) cut into passages;
-  the question quotes the start of a sentence of one passage, the answer is how it goes on.
+- ``rag``: the documentation written in a repository's Python code (its docstrings) cut into
+  passages; the question quotes the start of a sentence of one passage, the answer is how it
+  goes on.
 - ``tool-docs``: ``--help`` of standard-library command lines; the question describes an
   option in the words of its help, the answer is the option.
 
@@ -24,6 +25,7 @@ the workload and the seed, over inputs in a sorted order, so a seed always gives
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -114,11 +116,11 @@ def code_qa_tasks(n, seed, context_tokens, count, index, max_query_tokens,
 
 
 def rag_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
-    return rag(n, seed, context_tokens, count)
+    return rag(index, n, seed, context_tokens, count, max_query_tokens=max_query_tokens)
 
 
 def tool_docs_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
-    return tool_doc_tasks(n, seed, context_tokens, count)
+    return tool_doc_tasks(n, seed, context_tokens, count, max_query_tokens)
 
 
 # -- code-qa ---------------------------------------------------------------------------------
@@ -365,44 +367,71 @@ _UNDERLINE = re.compile(r"^[*=\-~^]{3,}$")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
 
 
-@functools.lru_cache(maxsize=4)
-def doc_passages(passage_tokens: int = 256, count: Counter = approx_tokens) -> tuple[Passage, ...]:
-    """The documentation's topic pages cut into passages of about ``passage_tokens``.
+def docstrings(index) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The documentation written in the repository's Python code: each file's docstrings
+    (module, classes, functions, by qualified name) in source order, by path; a file that does
+    not parse gives none."""
+    reader = gitrepo.BlobReader(index.repo.path)
+    documents = []
+    for file in sorted(index.files(), key=lambda f: f.path):
+        if file.language != "python":
+            continue
+        try:
+            tree = ast.parse(reader.read(file))
+        except (SyntaxError, ValueError):
+            continue
+        found = list(_docstrings(tree, ""))
+        if found:
+            documents.append((file.path, found))
+    return documents
 
-    Wrapped prose paragraphs are joined into one line each (code blocks stay as they are), so
-    a sentence is a plain substring of its passage.
+
+def _docstrings(node, qualname: str):
+    text = ast.get_docstring(node)
+    if text:
+        yield qualname or "module", text
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from _docstrings(child, f"{qualname}.{child.name}" if qualname else child.name)
+
+
+def doc_passages(index, passage_tokens: int = 256, count: Counter = approx_tokens
+                 ) -> tuple[Passage, ...]:
+    """The repository's docstrings cut into passages of about ``passage_tokens``, a file's
+    together (the file is the passage's topic and title, each docstring headed by its name).
+
+    Wrapped prose paragraphs are joined into one line each (code blocks and indented lists
+    stay as they are), so a sentence is a plain substring of its passage.
     """
-    from pydoc_data.topics import topics
-
     passages = []
-    for topic in sorted(topics):
-        lines = topics[topic].splitlines()
-        title = lines[0].strip() if lines else topic
+    for path, found in docstrings(index):
         paragraphs = []
-        for block in re.split(r"\n\s*\n", "\n".join(lines[1:])):
-            rows = [r for r in block.splitlines() if not _UNDERLINE.match(r.strip())]
-            if not any(r.strip() for r in rows):
-                continue
-            if rows[0].startswith(" "):
-                paragraphs.append("\n".join(rows))  # a code block or an indented list
-            else:
-                paragraphs.append(" ".join(" ".join(rows).split()))
+        for qualname, text in found:
+            paragraphs.append(f"{qualname}:")
+            for block in re.split(r"\n\s*\n", text):
+                rows = [r for r in block.splitlines() if not _UNDERLINE.match(r.strip())]
+                if not any(r.strip() for r in rows):
+                    continue
+                if rows[0].startswith(" "):
+                    paragraphs.append("\n".join(rows))  # a code block or an indented list
+                else:
+                    paragraphs.append(" ".join(" ".join(rows).split()))
         group: list[str] = []
         size = 0
         for paragraph in paragraphs:
             tokens = count(paragraph)
             if group and size + tokens > passage_tokens:
-                passages.append(_passage(topic, title, len(passages), group))
+                passages.append(_passage(path, len(passages), group))
                 group, size = [], 0
             group.append(paragraph)
             size += tokens
         if group:
-            passages.append(_passage(topic, title, len(passages), group))
+            passages.append(_passage(path, len(passages), group))
     return tuple(passages)
 
 
-def _passage(topic: str, title: str, number: int, paragraphs: list[str]) -> Passage:
-    return Passage(f"{title}\n\n" + "\n\n".join(paragraphs), f"{topic}#{number}", ChunkKind.PASSAGE)
+def _passage(path: str, number: int, paragraphs: list[str]) -> Passage:
+    return Passage(f"{path}\n\n" + "\n\n".join(paragraphs), f"{path}#{number}", ChunkKind.PASSAGE)
 
 
 def _fill_passages(required: list[Passage], pool, context_tokens: int, count: Counter,
@@ -429,11 +458,11 @@ def _fill_passages(required: list[Passage], pool, context_tokens: int, count: Co
     return items
 
 
-def rag(n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
-        passage_tokens: int | None = None) -> list[Task]:
+def rag(index, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
+        passage_tokens: int | None = None, max_query_tokens: int = 256) -> list[Task]:
     rng = random.Random(f"rag:{seed}")
     passage_tokens = passage_tokens or max(96, min(384, context_tokens // 6))
-    passages = list(doc_passages(passage_tokens, count))
+    passages = list(doc_passages(index, passage_tokens, count))
     fitting = [p for p in passages if count(p.text) <= context_tokens // 2]
     order = list(range(len(fitting)))
     rng.shuffle(order)
@@ -449,6 +478,8 @@ def rag(n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
         start, rest = quote
         title = passage.text.split("\n", 1)[0]
         query = f"Quote from the documentation above ({title}):\n\"{start}"
+        if count(query) > max_query_tokens:
+            continue
         context = _fill_passages([passage], fitting, length(context_tokens, rng), count, rng,
                                  avoid=start)
         tasks.append(Task("rag", f"rag-{seed}-{len(tasks)}", "quote", context, query,
@@ -486,8 +517,8 @@ def _describe(help_text: str) -> str:
     return text[:120]
 
 
-def tool_doc_tasks(n: int, seed: int, context_tokens: int,
-                   count: Counter = approx_tokens) -> list[Task]:
+def tool_doc_tasks(n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
+                   max_query_tokens: int = 256) -> list[Task]:
     rng = random.Random(f"tool-docs:{seed}")
     docs = tool_docs()
     passages = {doc.module: tool_passage(doc) for doc in docs}
@@ -502,9 +533,13 @@ def tool_doc_tasks(n: int, seed: int, context_tokens: int,
                 candidates.append((doc, option, words))
     rng.shuffle(candidates)
     tasks = []
-    for doc, option, words in candidates[:n]:
+    for doc, option, words in candidates:
+        if len(tasks) >= n:
+            break
         query = (f"Question: which option of `{doc.command}` does this: \"{words}\"?\n"
                  f"Answer: `{doc.command}")
+        if count(query) > max_query_tokens:
+            continue
         context = _fill_passages([passages[doc.module]], pool, length(context_tokens, rng),
                                  count, rng)
         tasks.append(Task("tool-docs", f"tool-docs-{seed}-{len(tasks)}", "option", context,
