@@ -145,7 +145,8 @@ register(Workload("code-qa", "codekv.eval.workloads:code_qa_tasks", ChunkKind.CO
                   needs_index=True, held_out_by=OTHER_REPOS, by_language=True))
 register(Workload("rag", "codekv.eval.workloads:rag_tasks", ChunkKind.PASSAGE, needs_index=True,
                   held_out_by=OTHER_REPOS))
-register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", ChunkKind.TOOL_DOC))
+register(Workload("tool-docs", "codekv.eval.workloads:tool_docs_tasks", ChunkKind.TOOL_DOC,
+                  needs_index=True, held_out_by=OTHER_REPOS))
 # The same agent sessions, each workload serving them reading another source of the last
 # prompt (``reads``): its whole segments; the unchanged parts of changed segments, code's and
 # text's; those of changed text alone (the system prompt after a new header, a summary that

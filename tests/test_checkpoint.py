@@ -220,3 +220,35 @@ def test_only_the_last_line_may_be_cut_short(tmp_path):
     assert path.read_text().splitlines() == [header, _record("t0"), _record("t1")]
     path.write_text("")  # an empty file holds nothing to lose: it becomes the checkpoint
     assert Checkpoint(path, CONFIG).done == {} and path.read_text() == header + "\n"
+
+
+def test_a_store_that_cannot_keep_a_task_s_chunks_stops_the_run_losing_nothing(
+        tiny_backend, tmp_path, monkeypatch):
+    """A full disk: the composed requests would recompute the chunks the store failed to keep
+    and time that, so the task is not measured; the checkpoint keeps the tasks before it, and
+    the same run, with space again, resumes there."""
+    from codekv.eval.harness import EvalConfig, _measure
+
+    cat = Passage("a cat sat on the warm mat and slept all day", "cat")
+    two = [*tasks(1), workloads.Task("rag", "t1", "quote", [cat], "a cat sat", " on", "cat")]
+    config = EvalConfig(workloads=("rag",), tasks=2, checkpoint=str(tmp_path / "run.jsonl"),
+                        store=str(tmp_path / "kv"))
+    runners = [runner.Composition([Method("none")])]
+    backend = tiny_backend("llama")
+    put = LocalKVStore.put
+    full = [False]
+
+    def put_or_fail(self, key, entry):
+        if full[0]:
+            raise OSError(28, "No space left on device")
+        put(self, key, entry)
+
+    monkeypatch.setattr(LocalKVStore, "put", put_or_fail)
+    _measure(config, backend, {}, two[:1], runners, [], None)
+    full[0] = True
+    with pytest.raises(runner.UnkeptChunks, match="^t1: the chunk store could not keep the "
+                                                  r"task's chunks \(OSError: a full disk\?\)"):
+        _measure(config, backend, {}, two, runners, [], None)
+    full[0] = False
+    measures, resumed = _measure(config, backend, {}, two, runners, [], None)
+    assert resumed == 1 and [m.task for m in measures] == ["t0", "t0", "t1", "t1"]

@@ -3,6 +3,7 @@ of a support file on held-out tasks, and the quick run end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
@@ -38,16 +39,21 @@ def _bytes(byte_counter):
     """Every test here indexes with byte counting (the ``byte_counter`` fixture)."""
 
 
-def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(tmp_path):
+def test_a_confirmation_must_use_held_out_tasks_and_candidates_of_the_evidence(tmp_path,
+                                                                             monkeypatch):
     from codekv.eval.harness import EvalConfig
+    from codekv.schema import OTHER_SEED, WORKLOADS
 
+    # A workload held out by another seed (none of the shipped ones; a registered one may be).
+    monkeypatch.setitem(WORKLOADS, "tool-docs",
+                        dataclasses.replace(WORKLOADS["tool-docs"], held_out_by=OTHER_SEED))
     document = evidence_document([fake_row("query@0.15"), fake_row("hybrid@0.15", workload="rag"),
                                   fake_row("hybrid@0.15", workload="tool-docs")])
     check = command.check_held_out
     fresh = dict(tasks=200, strategies=("query@0.15", "hybrid@0.15"))
     check(document, EvalConfig(workloads=("code-qa",), repos=("package:click",), **fresh))
     check(document, EvalConfig(workloads=("rag",), repos=("package:jinja2",), **fresh))
-    check(document, EvalConfig(workloads=("tool-docs",), seed=1, **fresh))
+    check(document, EvalConfig(workloads=("tool-docs",), seed=1, **fresh))  # the seed's one
     refusals = {
         "drawn from package:rich, stdlib; held-out tasks come from other repositories":
             EvalConfig(workloads=("code-qa",), repos=("package:click", "stdlib"), **fresh),
@@ -215,6 +221,9 @@ def test_quick_eval_end_to_end(default_backend, monkeypatch, tmp_path):
         "--pruning", "snapkv,pyramidkv,anchor-preserving", "--peers", "kvboost-passage",
         "--prefix", "none", "--json", str(out),
         "--write-gate", str(gate), "--plots", str(plots),
+        # the throughput session runs in a process of its own, indexing without this test's
+        # byte counting: what it measures is tested in test_throughput
+        "--throughput-tasks", "0", "--reuse-tasks", "0",
     ])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())

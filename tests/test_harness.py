@@ -66,8 +66,8 @@ def test_a_context_past_the_models_positions_is_refused_before_any_prefill(tiny_
 
     monkeypatch.setattr(backend, "full_prefill", prefill)
     prompt = len(backend.tokenize(AGENT_PROMPT))
-    config = EvalConfig(workloads=("tool-docs",), tasks=1, context_tokens=200,
-                        max_query_tokens=16)
+    config = EvalConfig(workloads=("tool-docs",), repos=("stdlib-quick",), tasks=1,
+                        context_tokens=200, max_query_tokens=16)
     with pytest.raises(EvalOptionError) as refused:
         evaluate(config, backend)
     assert str(refused.value) == (
@@ -82,9 +82,10 @@ def test_a_workload_without_any_task_is_refused(tiny_backend, monkeypatch):
     from codekv.eval.preflight import EvalOptionError
 
     backend = tiny_backend("llama")
-    config = EvalConfig(workloads=("tool-docs",), tasks=2, context_tokens=40,
-                        max_query_tokens=16, prefix="")
-    with pytest.raises(EvalOptionError, match="^tool-docs: no task could be made with "
+    config = EvalConfig(workloads=("tool-docs",), repos=("stdlib-quick",), tasks=2,
+                        context_tokens=40, max_query_tokens=16, prefix="")
+    with pytest.raises(EvalOptionError, match="^tool-docs: no task could be made from "
+                                              "stdlib-quick with "
                                               "--context-tokens 40; expected"):
         evaluate(config, backend)
 
@@ -131,3 +132,27 @@ def test_the_projection_is_told_once_while_the_run_goes_on(tiny_backend, tmp_pat
                      [], None, told.append)
     assert told == ["rag: full prefill solved none of the first 1 tasks, so retention cannot "
                     "be judged: the model cannot do them"]
+
+
+def test_the_run_s_temporary_store_is_bounded_like_the_default_one(tiny_backend, monkeypatch):
+    """500 tasks at 8K would otherwise keep ~150 GB of chunk KV that no later task reads."""
+    from codekv import paths
+    from codekv.compose import Passage
+    from codekv.eval import harness, runner
+    from codekv.eval.methods import Method
+    from codekv.stores.local import LocalKVStore
+
+    monkeypatch.setenv(paths.KV_MAX_BYTES_ENV, "123456")
+    opened = []
+    init = LocalKVStore.__init__
+
+    def spy(self, root, max_bytes=None):
+        opened.append(max_bytes)
+        init(self, root, max_bytes)
+
+    monkeypatch.setattr(LocalKVStore, "__init__", spy)
+    task = workloads.Task("rag", "t0", "quote", [Passage("def area(w, h):\n", "a")],
+                          "def area(", " w, h)", "a")
+    harness._measure(harness.EvalConfig(workloads=("rag",), tasks=1), tiny_backend("llama"),
+                     {}, [task], [runner.Composition([Method("none")])], [], None)
+    assert opened == [123456]

@@ -3,12 +3,13 @@ from a repository, passages (RAG) and tool documentation."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fixtures.repos import HAND, HAND_BY_LANGUAGE, STDLIB_FILES, indexed
 
 from codekv.compose import Passage
 from codekv.eval import workloads
-from codekv.eval.tooldocs import tool_docs
 
 
 @pytest.fixture(autouse=True)
@@ -244,26 +245,27 @@ def test_no_query_is_longer_than_max_query_tokens(stdlib_index, make):
     def draw(limit):
         if make == "rag":
             return workloads.rag(stdlib_index, 8, 0, 1024, max_query_tokens=limit)
-        return workloads.tool_doc_tasks(8, 0, 1024, max_query_tokens=limit)
+        return workloads.tool_doc_tasks(stdlib_index, 8, 0, 1024, max_query_tokens=limit)
 
     longest = max(workloads.approx_tokens(t.query) for t in draw(256))
     bounded = draw(longest - 1)
     assert bounded and all(workloads.approx_tokens(t.query) < longest for t in bounded)
 
 
-def test_tool_docs_are_deterministic_and_ask_for_a_real_option():
-    docs = {f"python -m {d.module}": d for d in tool_docs()}
-    assert "python -m json.tool" in docs  # argparse help of a stdlib command line
-    first = workloads.tool_doc_tasks(6, seed=0, context_tokens=1024)
+def test_tool_docs_are_deterministic_and_ask_for_a_tool_of_the_context(stdlib_index):
+    first = workloads.tool_doc_tasks(stdlib_index, 6, seed=0, context_tokens=1024)
+    assert len(first) == 6
     assert [t.as_json() for t in first] == [
-        t.as_json() for t in workloads.tool_doc_tasks(6, 0, 1024)]
+        t.as_json() for t in workloads.tool_doc_tasks(stdlib_index, 6, 0, 1024)]
     for task in first:
-        doc = docs[task.source]
-        option = task.answer.strip()
-        assert option in {o.name for o in doc.options}
+        words = task.query.split('"')[1]
         [passage] = [p for p in task.context if p.name == task.source]
-        assert passage.kind == "tool-doc" and option in passage.text
-        assert f"`{task.source}`" in task.query
+        tool = json.loads(passage.text)["function"]
+        assert task.source == f"{task.source.split('::')[0]}::{tool['name']}"
+        assert task.answer == " " + tool["name"] and tool["description"].startswith(words)
+        assert all(p.kind == "tool-doc" for p in task.context)
+        others = [json.loads(p.text)["function"] for p in task.context if p is not passage]
+        assert all(words not in o["description"] and o["name"] != tool["name"] for o in others)
 
 
 # A declaration file TypeScript's grammar cannot parse (its root an ERROR node, as fp-ts's

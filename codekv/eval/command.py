@@ -235,6 +235,7 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
     from codekv.eval import report
     from codekv.eval.harness import EvalConfig, evaluate
     from codekv.eval.preflight import EvalOptionError, check_positions, declared_positions
+    from codekv.eval.runner import UnkeptChunks
     from codekv.eval.support import (
         SupportFileError,
         Thresholds,
@@ -280,7 +281,7 @@ def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, r
             check_held_out(read_support_document(confirm_gate, "--confirm-gate"), config)
         result = _run_with_progress(config, evaluate)
     except (ModelLoadError, StoreSpecError, checkpoints.CheckpointError, SupportFileError,
-            EvalOptionError) as error:
+            EvalOptionError, UnkeptChunks) as error:
         raise click.ClickException(str(error)) from error
     notes = list(result.notes)
     stamp_covers(result)

@@ -9,7 +9,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+from codekv import paths
 from codekv.backends.engines import TRANSFORMERS
 from codekv.conditioning import DEFAULT_CONDITIONING
 from codekv.eval import methods, preflight, reuse, runner
@@ -361,10 +363,15 @@ def _measure(config: EvalConfig, backend, indexes: dict, tasks: list, runners: l
     from codekv.compose import Composer
     from codekv.eval.checkpoint import Checkpoint, config_key
     from codekv.stores import open_kv_store
+    from codekv.stores.local import LocalKVStore
 
     temporary = None if config.store else tempfile.mkdtemp(prefix="codekv-eval-kv-")
     try:
-        store = open_kv_store(config.store or temporary)
+        # The temporary store is LRU-bounded like the default one: a task reads only its own
+        # chunks, written just before its methods run (newest, evicted last), and 500 tasks
+        # at 8K would otherwise hold ~150 GB.
+        store = (open_kv_store(config.store) if config.store
+                 else LocalKVStore(Path(temporary), max_bytes=paths.kv_max_bytes()))
         composers = {spec: Composer(backend, index, store=store, scope=f"eval:{config.seed}",
                                     experimental=True)
                      for spec, index in indexes.items()}

@@ -191,6 +191,7 @@ def qualify_command(model, engine, repos, held_out_repos, held_out_paths, worklo
     from codekv.eval import qualify
     from codekv.eval.command import _strategies
     from codekv.eval.preflight import EvalOptionError, check_positions, declared_positions
+    from codekv.eval.runner import UnkeptChunks
     from codekv.eval.support import Thresholds
     from codekv.models import ModelLoadError
 
@@ -217,7 +218,7 @@ def qualify_command(model, engine, repos, held_out_repos, held_out_paths, worklo
         with Display(held_out_requests) as display:
             outcome = qualify.run(options, qualify_argv(options), status=display.status,
                                   progress=display.step, warn=display.say)
-    except (qualify.QualifyError, ModelLoadError, EvalOptionError) as error:
+    except (qualify.QualifyError, ModelLoadError, EvalOptionError, UnkeptChunks) as error:
         raise click.ClickException(str(error)) from error
     print_summary(console, outcome)
 

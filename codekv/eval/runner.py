@@ -51,6 +51,10 @@ COMPLETION_SLACK = 8  # a completion line may run longer than expected before it
 ONE_LINE = ("completion", "recall")  # task kinds whose answer is one line of code
 
 
+class UnkeptChunks(RuntimeError):
+    """The store failed to keep a task's chunks: a composed TTFT would not be cache-warm."""
+
+
 class MethodRunner(Protocol):
     """One kind of method - codekv's composition, KV pruning, a peer library - run on a task.
 
@@ -98,7 +102,15 @@ class Composition:
         self.offline = {}
         for conditioning in dict.fromkeys(m.conditioning for m in self.methods):
             tokens, started = composer.counters.chunk_prefill_tokens, time.perf_counter()
+            errors = dict(composer.counters.store_errors)
             composer.prefill(task.context, prefix, conditioning)
+            if composer.counters.store_errors != errors:
+                raise UnkeptChunks(
+                    f"{task.id}: the chunk store could not keep the task's chunks "
+                    f"({', '.join(sorted(composer.counters.store_errors))}: a full disk?), so "
+                    "its composed requests would recompute them and time that; nothing of the "
+                    "task was recorded. Free space (or give --store) and run the same command: "
+                    "a --checkpoint keeps the finished tasks")
             self.offline[conditioning] = (time.perf_counter() - started,
                                           composer.counters.chunk_prefill_tokens - tokens)
         for method in self.methods:

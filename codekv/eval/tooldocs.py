@@ -1,117 +1,109 @@
-"""Real tool documentation: the ``--help`` of standard-library modules that have a command line.
+"""Tool documentation as agents send it: function tools (a chat request's ``tools``) made from a
+repository's documented Python functions, so that tool docs, like code, are held out by
+repository.
 
-The help text is captured from ``python -m MODULE --help`` of the running interpreter (argparse
-and optparse output, written by the CPython developers, not by us), with a fixed terminal width
-so the wrapping, and hence every workload built from it, is the same on every run.
+Each public module-level function with a docstring becomes a tool: its name, its docstring's
+summary (the prose before a section such as ``Args:``, ``Parameters`` or ``:param``) as the
+description, and its parameters (a JSON type where the annotation names one, a literal default).
+Its text is the compact JSON a chat template's ``tojson`` writes, one of the forms the server
+finds as a tool description (``codekv.serve.segments.tool_descriptions``).
 """
 
 from __future__ import annotations
 
-import functools
-import os
+import ast
+import json
 import re
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 
-# Modules whose ``--help`` only prints help (argparse/optparse). Others (e.g. platform, filecmp,
-# pyclbr) run code on ``-m`` whatever the arguments, so they are not on the list.
-TOOL_MODULES = (
-    "json.tool", "http.server", "zipfile", "tarfile", "gzip", "py_compile", "compileall", "ast",
-    "tokenize", "inspect", "pickletools", "trace", "zipapp", "venv", "unittest", "doctest",
-    "cProfile", "profile", "calendar", "pickle", "ensurepip", "uu",
-)
-COLUMNS = 80
+# Where a docstring's summary ends: a section of Google, NumPy or Sphinx style, or an example.
+_SECTION = re.compile(r"^(Args|Arguments|Parameters|Params|Returns?|Yields?|Raises|Examples?|"
+                      r"Notes?|See Also|Attributes|Keyword Arguments|Other Parameters|Warns?):?"
+                      r"\s*$|^(:param|:type|:return|:rtype|:raises|>>>|\.\. )")
+_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean",
+               "list": "array", "tuple": "array", "set": "array", "Sequence": "array",
+               "Iterable": "array", "dict": "object", "Mapping": "object"}
+MAX_DESCRIPTION = 600  # characters: a tool's summary, not its manual
 
 
 @dataclass(frozen=True)
-class ToolOption:
-    flags: tuple[str, ...]  # e.g. ("-b", "--bind")
-    help: str  # the option's help, wrapped lines joined
+class Tool:
+    path: str  # the file defining the function
+    name: str
+    description: str
+    spec: dict  # {"type": "function", "function": {...}}, as a client sends it
 
     @property
-    def name(self) -> str:
-        """The long flag when there is one: what a question about the option expects."""
-        long = [f for f in self.flags if f.startswith("--")]
-        return long[0] if long else self.flags[0]
+    def text(self) -> str:
+        return json.dumps(self.spec, ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class ToolDoc:
-    module: str
-    text: str
-    options: tuple[ToolOption, ...]
-
-    @property
-    def command(self) -> str:
-        return f"python -m {self.module}"
-
-
-def capture_help(module: str, timeout: float = 20.0) -> str | None:
-    """``python -m module --help`` of this interpreter, or None when it gives nothing usable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(COLUMNS=str(COLUMNS), LINES="50", NO_COLOR="1", PYTHON_COLORS="0", LC_ALL="C.UTF-8")
-    with tempfile.TemporaryDirectory() as cwd:
-        try:
-            done = subprocess.run(
-                [sys.executable, "-I", "-m", module, "--help"], cwd=cwd, env=env,
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-    text = done.stdout.strip()
-    return text + "\n" if done.returncode == 0 and text else None
-
-
-_OPTION_LINE = re.compile(r"^ {2}(-\S.*?)(?: {2,}(\S.*))?$")
-
-
-def parse_options(text: str) -> list[ToolOption]:
-    """The options of an argparse/optparse help text, with their help joined across lines."""
-    options: list[ToolOption] = []
-    flags: tuple[str, ...] | None = None
-    parts: list[str] = []
-
-    def flush():
-        nonlocal flags, parts
-        if flags and parts:
-            options.append(ToolOption(flags, " ".join(parts)))
-        flags, parts = None, []
-
-    for line in text.splitlines():
-        match = _OPTION_LINE.match(line)
-        if match:
-            flush()
-            flags = _flags(match.group(1))
-            parts = [match.group(2).strip()] if match.group(2) else []
-        elif flags and line.startswith("   ") and line.strip()[:1] not in ("", "-"):
-            parts.append(line.strip())
-        else:
-            flush()
-    flush()
-    return options
-
-
-def _flags(invocation: str) -> tuple[str, ...]:
-    """``-b ADDRESS, --bind ADDRESS`` -> ("-b", "--bind"); ``--out=FILE`` -> ("--out",)."""
-    flags = []
-    for piece in invocation.split(", "):
-        flag = re.split(r"[ =]", piece.strip(), maxsplit=1)[0]
-        if flag.startswith("-") and len(flag) > 1:
-            flags.append(flag)
-    return tuple(flags)
-
-
-@functools.lru_cache(maxsize=1)
-def tool_docs(modules: tuple[str, ...] = TOOL_MODULES) -> tuple[ToolDoc, ...]:
-    """Every listed module's help that has options, in list order (captured once per process)."""
-    docs = []
-    for module in modules:
-        text = capture_help(module)
-        if text is None:
+def tools(path: str, tree: ast.Module) -> list[Tool]:
+    """The tools of one parsed file: its public module-level functions with a summary."""
+    found = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        options = tuple(o for o in parse_options(text) if "--help" not in o.flags)
-        if options:
-            docs.append(ToolDoc(module, text, options))
-    return tuple(docs)
+        if node.name.startswith("_"):
+            continue
+        description = summary(ast.get_docstring(node) or "")
+        if description:
+            found.append(Tool(path, node.name, description, _spec(node, description)))
+    return found
+
+
+def summary(docstring: str) -> str:
+    """The docstring's prose paragraphs before its first section, wrapped lines joined."""
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", docstring.strip()):
+        lines = block.splitlines()
+        if not lines or lines[0].startswith(" ") or _SECTION.match(lines[0].strip()):
+            break
+        paragraphs.append(" ".join(" ".join(lines).split()))
+    text = "\n\n".join(paragraphs)
+    return text if len(text) <= MAX_DESCRIPTION else ""
+
+
+def _spec(node: ast.FunctionDef | ast.AsyncFunctionDef, description: str) -> dict:
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults):]],
+                        args.defaults))
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d})
+    properties, required = {}, []
+    for arg in [*positional, *args.kwonlyargs]:
+        if arg.arg in ("self", "cls"):
+            continue
+        schema = {}
+        kind = _json_type(arg.annotation)
+        if kind:
+            schema["type"] = kind
+        if arg.arg in defaults:
+            try:
+                value = ast.literal_eval(defaults[arg.arg])
+            except (ValueError, SyntaxError, TypeError):
+                pass
+            else:
+                if value is None or isinstance(value, str | int | float | bool):
+                    schema["default"] = value
+        else:
+            required.append(arg.arg)
+        properties[arg.arg] = schema
+    parameters = {"type": "object", "properties": properties}
+    if required:
+        parameters["required"] = required
+    return {"type": "function", "function": {"name": node.name, "description": description,
+                                             "parameters": parameters}}
+
+
+def _json_type(annotation: ast.expr | None) -> str | None:
+    """The JSON type an annotation names (``str``, ``list[int]``, ``typing.Mapping``), if any."""
+    if isinstance(annotation, ast.Subscript):
+        annotation = annotation.value
+    if isinstance(annotation, ast.Attribute):
+        return _JSON_TYPES.get(annotation.attr)
+    if isinstance(annotation, ast.Name):
+        return _JSON_TYPES.get(annotation.id)
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return _JSON_TYPES.get(annotation.value.split("[")[0])
+    return None

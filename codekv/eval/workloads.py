@@ -14,8 +14,9 @@
 - ``rag``: the documentation written in a repository's Python code (its docstrings) cut into
   passages; the question quotes the start of a sentence of one passage, the answer is how it
   goes on.
-- ``tool-docs``: ``--help`` of standard-library command lines; the question describes an
-  option in the words of its help, the answer is the option.
+- ``tool-docs``: function tools (as a chat request's ``tools``) made from a repository's
+  documented functions; the question describes one in the words of its description, the
+  answer is its name.
 
 A task's context length is drawn between half the requested length and all of it, so the
 results cover a range of lengths. Every choice goes through one ``random.Random`` seeded with
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 from codekv import gitrepo
 from codekv.chunks import Chunk
-from codekv.eval.tooldocs import ToolDoc, tool_docs
+from codekv.eval.tooldocs import Tool, tools
 from codekv.grammars import LANGUAGES, TaskSyntax
 from codekv.request import Passage
 from codekv.schema import WORKLOADS, ChunkKind
@@ -120,7 +121,7 @@ def rag_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[T
 
 
 def tool_docs_tasks(n, seed, context_tokens, count, index, max_query_tokens) -> list[Task]:
-    return tool_doc_tasks(n, seed, context_tokens, count, max_query_tokens)
+    return tool_doc_tasks(index, n, seed, context_tokens, count, max_query_tokens)
 
 
 # -- code-qa ---------------------------------------------------------------------------------
@@ -367,22 +368,29 @@ _UNDERLINE = re.compile(r"^[*=\-~^]{3,}$")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
 
 
-def docstrings(index) -> list[tuple[str, list[tuple[str, str]]]]:
-    """The documentation written in the repository's Python code: each file's docstrings
-    (module, classes, functions, by qualified name) in source order, by path; a file that does
-    not parse gives none."""
+def python_trees(index) -> list[tuple[str, ast.Module]]:
+    """The repository's Python files parsed, by path (a file that does not parse is left
+    out): where its documentation is written."""
     reader = gitrepo.BlobReader(index.repo.path)
-    documents = []
+    trees = []
     for file in sorted(index.files(), key=lambda f: f.path):
         if file.language != "python":
             continue
         try:
-            tree = ast.parse(reader.read(file))
+            trees.append((file.path, ast.parse(reader.read(file))))
         except (SyntaxError, ValueError):
             continue
+    return trees
+
+
+def docstrings(index) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The documentation written in the repository's Python code: each file's docstrings
+    (module, classes, functions, by qualified name) in source order, by path."""
+    documents = []
+    for path, tree in python_trees(index):
         found = list(_docstrings(tree, ""))
         if found:
-            documents.append((file.path, found))
+            documents.append((path, found))
     return documents
 
 
@@ -435,7 +443,9 @@ def _passage(path: str, number: int, paragraphs: list[str]) -> Passage:
 
 
 def _fill_passages(required: list[Passage], pool, context_tokens: int, count: Counter,
-                   rng: random.Random, avoid: str | None = None) -> list[Passage]:
+                   rng: random.Random, avoid: tuple[str, ...] = ()) -> list[Passage]:
+    """``required`` plus random others of ``pool`` (none of another's topic, none holding a
+    string of ``avoid``) up to ``context_tokens``, in random order."""
     items = list(required)
     total = sum(count(p.text) for p in items)
     chosen = {p.name for p in items}
@@ -446,7 +456,7 @@ def _fill_passages(required: list[Passage], pool, context_tokens: int, count: Co
         candidate = pool[rng.randrange(len(pool))]
         if candidate.name in chosen or candidate.name.split("#")[0] in topics:
             continue
-        if avoid and avoid in candidate.text:
+        if any(text in candidate.text for text in avoid):
             continue
         size = count(candidate.text)
         if total + size > context_tokens:
@@ -481,7 +491,7 @@ def rag(index, n: int, seed: int, context_tokens: int, count: Counter = approx_t
         if count(query) > max_query_tokens:
             continue
         context = _fill_passages([passage], fitting, length(context_tokens, rng), count, rng,
-                                 avoid=start)
+                                 avoid=(start,))
         tasks.append(Task("rag", f"rag-{seed}-{len(tasks)}", "quote", context, query,
                           " " + rest, passage.name))
     return tasks
@@ -507,42 +517,44 @@ def _quote(passage: Passage, corpus: str, rng: random.Random) -> tuple[str, str]
 
 
 # -- tool-docs -------------------------------------------------------------------------------
-def tool_passage(doc: ToolDoc) -> Passage:
-    return Passage(f"$ {doc.command} --help\n{doc.text}", doc.command, ChunkKind.TOOL_DOC)
+def tool_passage(tool: Tool) -> Passage:
+    return Passage(tool.text, f"{tool.path}::{tool.name}", ChunkKind.TOOL_DOC)
 
 
-def _describe(help_text: str) -> str:
-    """An option's help up to its first sentence end or parenthesis: the question's words."""
-    text = re.split(r"(?<=[a-z])\.\s|\s\(", help_text, maxsplit=1)[0].rstrip(".")
+def _describe(description: str) -> str:
+    """A tool's description up to its first sentence end or parenthesis: the question's words."""
+    text = re.split(r"(?<=[a-z])\.\s|\s\(", description, maxsplit=1)[0].rstrip(".")
     return text[:120]
 
 
-def tool_doc_tasks(n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
+def tool_doc_tasks(index, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
                    max_query_tokens: int = 256) -> list[Task]:
+    """Which tool of a request's tools does what the question says in the words of its
+    description; the tools are the repository's (``codekv.eval.tooldocs``), the answer is the
+    name. The other tools of the context neither share the name nor hold the words."""
     rng = random.Random(f"tool-docs:{seed}")
-    docs = tool_docs()
-    passages = {doc.module: tool_passage(doc) for doc in docs}
+    found = [tool for path, tree in python_trees(index) for tool in tools(path, tree)]
+    passages = {id(tool): tool_passage(tool) for tool in found}
     pool = [p for p in passages.values() if count(p.text) <= context_tokens // 2]
-    candidates = []
-    for doc in docs:
-        if count(passages[doc.module].text) > context_tokens // 2:
-            continue
-        described = [_describe(o.help) for o in doc.options]
-        for option, words in zip(doc.options, described):
-            if len(words) >= 10 and described.count(words) == 1:
-                candidates.append((doc, option, words))
+    described = [_describe(tool.description) for tool in found]
+    times = {}
+    for words in described:
+        times[words] = times.get(words, 0) + 1
+    candidates = [(tool, words) for tool, words in zip(found, described)
+                  if len(words) >= 20 and times[words] == 1
+                  and tool.name.lower() not in words.lower()
+                  and count(passages[id(tool)].text) <= context_tokens // 2]
     rng.shuffle(candidates)
     tasks = []
-    for doc, option, words in candidates:
+    for tool, words in candidates:
         if len(tasks) >= n:
             break
-        query = (f"Question: which option of `{doc.command}` does this: \"{words}\"?\n"
-                 f"Answer: `{doc.command}")
+        query = f"Question: which tool does this: \"{words}\"?\nAnswer:"
         if count(query) > max_query_tokens:
             continue
-        context = _fill_passages([passages[doc.module]], pool, length(context_tokens, rng),
-                                 count, rng)
-        tasks.append(Task("tool-docs", f"tool-docs-{seed}-{len(tasks)}", "option", context,
-                          query, " " + option.name, passages[doc.module].name,
-                          {"flags": list(option.flags)}))
+        passage = passages[id(tool)]
+        context = _fill_passages([passage], pool, length(context_tokens, rng), count, rng,
+                                 avoid=(words, json.dumps({"name": tool.name})[1:-1]))
+        tasks.append(Task("tool-docs", f"tool-docs-{seed}-{len(tasks)}", "tool", context, query,
+                          " " + tool.name, passage.name))
     return tasks
