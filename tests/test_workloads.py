@@ -262,7 +262,8 @@ def test_tool_docs_are_deterministic_and_ask_for_a_tool_of_the_context(stdlib_in
         [passage] = [p for p in task.context if p.name == task.source]
         tool = json.loads(passage.text)["function"]
         assert task.source == f"{task.source.split('::')[0]}::{tool['name']}"
-        assert task.answer == " " + tool["name"] and tool["description"].startswith(words)
+        assert task.answer == tool["name"] and tool["description"].startswith(words)
+        assert task.query.endswith('\nCall: {"name": "')
         assert all(p.kind == "tool-doc" for p in task.context)
         others = [json.loads(p.text)["function"] for p in task.context if p is not passage]
         assert all(words not in o["description"] and o["name"] != tool["name"] for o in others)

@@ -223,7 +223,8 @@ def canonical_command(config) -> str:
                    "verdict.")
 @click.option("--store", type=StoreParam(shared=True), default=None,
               help="Chunk KV store to use: a directory, or redis://[user:password@]host:port/db "
-                   "or rediss://... (default: a temporary one, removed afterwards).")
+                   "or rediss://... (default: a temporary one, bounded by "
+                   "$CODEKV_KV_MAX_BYTES, removed afterwards).")
 def eval_command(repos, languages, prefix, checkpoint, workloads, tasks, seed, ratios, strategies,
                  conditioning, pruning,
                  budgets, pruning_tasks, peers, peer_tasks, throughput_tasks, context_tokens,

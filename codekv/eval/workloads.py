@@ -16,7 +16,7 @@
   goes on.
 - ``tool-docs``: function tools (as a chat request's ``tools``) made from a repository's
   documented functions; the question describes one in the words of its description, the
-  answer is its name.
+  answer is its name in the call the query opens.
 
 A task's context length is drawn between half the requested length and all of it, so the
 results cover a range of lengths. Every choice goes through one ``random.Random`` seeded with
@@ -530,8 +530,9 @@ def _describe(description: str) -> str:
 def tool_doc_tasks(index, n: int, seed: int, context_tokens: int, count: Counter = approx_tokens,
                    max_query_tokens: int = 256) -> list[Task]:
     """Which tool of a request's tools does what the question says in the words of its
-    description; the tools are the repository's (``codekv.eval.tooldocs``), the answer is the
-    name. The other tools of the context neither share the name nor hold the words."""
+    description; the tools are the repository's (``codekv.eval.tooldocs``). The answer is the
+    name, inside the call the query opens (``Call: {"name": "``), as a model calling a tool
+    writes it. The other tools of the context neither share the name nor hold the words."""
     rng = random.Random(f"tool-docs:{seed}")
     found = [tool for path, tree in python_trees(index) for tool in tools(path, tree)]
     passages = {id(tool): tool_passage(tool) for tool in found}
@@ -549,12 +550,12 @@ def tool_doc_tasks(index, n: int, seed: int, context_tokens: int, count: Counter
     for tool, words in candidates:
         if len(tasks) >= n:
             break
-        query = f"Question: which tool does this: \"{words}\"?\nAnswer:"
+        query = f"Question: which tool does this: \"{words}\"?\nCall: {{\"name\": \""
         if count(query) > max_query_tokens:
             continue
         passage = passages[id(tool)]
         context = _fill_passages([passage], pool, length(context_tokens, rng), count, rng,
                                  avoid=(words, json.dumps({"name": tool.name})[1:-1]))
         tasks.append(Task("tool-docs", f"tool-docs-{seed}-{len(tasks)}", "tool", context, query,
-                          " " + tool.name, passage.name))
+                          tool.name, passage.name))
     return tasks
