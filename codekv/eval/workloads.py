@@ -27,6 +27,7 @@ the workload and the seed, over inputs in a sorted order, so a seed always gives
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import hashlib
 import json
@@ -538,9 +539,7 @@ def tool_doc_tasks(index, n: int, seed: int, context_tokens: int, count: Counter
     passages = {id(tool): tool_passage(tool) for tool in found}
     pool = [p for p in passages.values() if count(p.text) <= context_tokens // 2]
     described = [_describe(tool.description) for tool in found]
-    times = {}
-    for words in described:
-        times[words] = times.get(words, 0) + 1
+    times = collections.Counter(described)
     candidates = [(tool, words) for tool, words in zip(found, described)
                   if len(words) >= 20 and times[words] == 1
                   and tool.name.lower() not in words.lower()
