@@ -77,7 +77,7 @@ def test_a_context_past_the_models_positions_is_refused_before_any_prefill(tiny_
 
 
 def test_a_workload_without_any_task_is_refused(tiny_backend, monkeypatch):
-    """No tool's help fits half of a 40-token context: nothing would be measured."""
+    """No tool fits half of a 40-token context: nothing would be measured."""
     from codekv.eval.harness import EvalConfig, evaluate
     from codekv.eval.preflight import EvalOptionError
 
