@@ -536,23 +536,22 @@ def tool_doc_tasks(index, n: int, seed: int, context_tokens: int, count: Counter
     writes it. The other tools of the context neither share the name nor hold the words."""
     rng = random.Random(f"tool-docs:{seed}")
     found = [tool for path, tree in python_trees(index) for tool in tools(path, tree)]
-    passages = {id(tool): tool_passage(tool) for tool in found}
-    pool = [p for p in passages.values() if count(p.text) <= context_tokens // 2]
-    described = [_describe(tool.description) for tool in found]
-    times = collections.Counter(described)
-    candidates = [(tool, words) for tool, words in zip(found, described)
-                  if len(words) >= 20 and times[words] == 1
-                  and tool.name.lower() not in words.lower()
-                  and count(passages[id(tool)].text) <= context_tokens // 2]
+    fitting = [(tool, passage) for tool in found
+               if count((passage := tool_passage(tool)).text) <= context_tokens // 2]
+    pool = [passage for _, passage in fitting]
+    times = collections.Counter(_describe(tool.description) for tool in found)
+    candidates = [(tool, passage, words) for tool, passage in fitting
+                  if len(words := _describe(tool.description)) >= 20 and times[words] == 1
+                  and tool.name.lower() not in words.lower()]
     rng.shuffle(candidates)
     tasks = []
-    for tool, words in candidates:
+    for tool, passage, words in candidates:
         if len(tasks) >= n:
             break
         query = f"Question: which tool does this: \"{words}\"?\nCall: {{\"name\": \""
         if count(query) > max_query_tokens:
             continue
-        passage = passages[id(tool)]
+        # ``"name": "NAME"`` as the tool's compact JSON writes it: no other tool of that name
         context = _fill_passages([passage], pool, length(context_tokens, rng), count, rng,
                                  avoid=(words, json.dumps({"name": tool.name})[1:-1]))
         tasks.append(Task("tool-docs", f"tool-docs-{seed}-{len(tasks)}", "tool", context, query,
