@@ -524,6 +524,20 @@ def test_the_shipped_8k_entry_is_the_calibrated_run_s_negative():
             "low 0.800 < 0.85; speedup 1.84x < 2.0x)")
 
 
+def test_the_shipped_tool_docs_entry_is_the_calibrated_run_s_negative():
+    """Tool docs (documented functions as function tools) on SmolLM2 at 2K under the
+    calibrated design (401 tasks, session 39): no rule passed, so tool docs fall back naming
+    the closest rule's figures; the first design's entry is gone."""
+    gate = SupportGate.load()
+    [entry] = [pair for pair in gate.pairs() if pair["workload"] == "tool-docs"]
+    assert entry["design"] == "calibrated-1" and entry["engine"] == "transformers"
+    assert entry["covers"]["context_tokens"] == {"min": 981, "max": 2040}
+    assert entry["covers"]["languages"] is None
+    assert gate.verdict("llama", "tool-docs", request=_asked(languages=())).reason == (
+        "unsupported: llama/tool-docs failed its evaluation (query-deep@0.35: delta NLL CI high "
+        "0.106 > 0.05; retention CI low 0.641 < 0.85; decisive agreement 0.945 < 0.95)")
+
+
 def test_the_shipped_llama_cpp_entry_is_the_calibrated_run_s_negative():
     """Code QA on llama.cpp (its GGUF), Python, 2K, re-run under the calibrated design
     (session 26; the first design's pass, which missed held out, is gone): no rule passed, so
