@@ -524,6 +524,23 @@ def test_the_shipped_8k_entry_is_the_calibrated_run_s_negative():
             "low 0.800 < 0.85; speedup 1.84x < 2.0x)")
 
 
+def test_the_shipped_passages_entry_licenses_query_deep_at_35_percent():
+    """Passages (docstrings) on SmolLM2 at 2K under the calibrated design (299 tasks, session
+    39): ``query-deep@0.35`` passed and was confirmed on numpy (300 tasks), so passages compose
+    with it up to the shorter of the two runs' longest tasks, and fall back past it."""
+    gate = SupportGate.load()
+    [entry] = [pair for pair in gate.pairs() if pair["workload"] == "rag"]
+    assert entry["design"] == "calibrated-1" and entry["engine"] == "transformers"
+    assert entry["supported"] and entry["method"] == "query-deep@0.35"
+    for tokens in (972, 1500, 2046):
+        verdict = gate.verdict("llama", "rag", request=_asked(languages=(), tokens=tokens))
+        assert verdict.allowed and (verdict.strategy, verdict.ratio) == LICENSED_2K, tokens
+    assert gate.verdict("llama", "rag", request=_asked(languages=(), tokens=2047)).reason == (
+        "unsupported: llama/rag: its evidence covers contexts up to 2,046 tokens; this request "
+        "has 2,047")
+    assert not gate.verdict("llama", "rag", request=_asked(GEMMA3_HF, languages=())).allowed
+
+
 def test_the_shipped_tool_docs_entry_is_the_calibrated_run_s_negative():
     """Tool docs (documented functions as function tools) on SmolLM2 at 2K under the
     calibrated design (401 tasks, session 39): no rule passed, so tool docs fall back naming

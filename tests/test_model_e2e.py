@@ -106,7 +106,8 @@ def test_cli_compose_without_evidence_falls_back(stdlib_repo, default_backend, t
 def test_the_shipped_support_file_decides_what_composes(stdlib_repo, default_backend, tmp_path):
     """With the support file codekv ships (from the documented evidence runs) and no options,
     each workload composes with the rule its entry passed for this request (its model,
-    languages and length), or falls back to full prefill: Python code QA at 2K composes."""
+    languages and length), or falls back to full prefill: Python code QA and passages at 2K
+    compose, tool docs do not."""
     from codekv.compose import FULL_PREFILL, Passage
     from codekv.gate import GateRequest, SupportGate
     from codekv.stores.local import LocalKVStore
@@ -134,4 +135,4 @@ def test_the_shipped_support_file_decides_what_composes(stdlib_repo, default_bac
         else:
             assert result.status == FULL_PREFILL
             assert result.report.fallback_reason.startswith("unsupported"), workload
-    assert composed == {"code-qa"}
+    assert composed == {"code-qa", "rag"}
